@@ -1,0 +1,77 @@
+// Package limiterclient is the Go client of the sidecar's Limiter gRPC service: Check,
+// Peek and Record on a bucket and key, for the core's login lockout and password resets.
+package limiterclient
+
+import (
+	"context"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+
+	"github.com/converger/edge/shared/limiterpb"
+)
+
+// Result is the answer of one operation.
+type Result struct {
+	Allowed    bool
+	Count      uint64
+	Limit      uint64
+	Window     time.Duration
+	RetryAfter time.Duration
+}
+
+// RetryAfterSeconds returns RetryAfter in whole seconds, rounded up, at least 1: the
+// value of a retry-after header.
+func (r Result) RetryAfterSeconds() int64 {
+	s := int64((r.RetryAfter + time.Second - 1) / time.Second)
+	return max(s, 1)
+}
+
+// Client calls one sidecar.
+type Client struct {
+	conn *grpc.ClientConn
+	api  limiterpb.LimiterClient
+}
+
+// New returns a client of the sidecar at addr (host:port). The connection is made
+// lazily and kept; the sidecar's gRPC port listens on loopback by default.
+func New(addr string, opts ...grpc.DialOption) (*Client, error) {
+	opts = append([]grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}, opts...)
+	conn, err := grpc.NewClient(addr, opts...)
+	if err != nil {
+		return nil, err
+	}
+	return &Client{conn: conn, api: limiterpb.NewLimiterClient(conn)}, nil
+}
+
+// Close closes the connection.
+func (c *Client) Close() error { return c.conn.Close() }
+
+// Check counts hits on bucket/key and decides.
+func (c *Client) Check(ctx context.Context, bucket, key string, hits uint32) (Result, error) {
+	return result(c.api.Check(ctx, &limiterpb.LimitRequest{Bucket: bucket, Key: key, Hits: hits}))
+}
+
+// Peek decides on bucket/key without counting.
+func (c *Client) Peek(ctx context.Context, bucket, key string) (Result, error) {
+	return result(c.api.Peek(ctx, &limiterpb.LimitRequest{Bucket: bucket, Key: key}))
+}
+
+// Record counts hits on bucket/key without deciding.
+func (c *Client) Record(ctx context.Context, bucket, key string, hits uint32) (Result, error) {
+	return result(c.api.Record(ctx, &limiterpb.LimitRequest{Bucket: bucket, Key: key, Hits: hits}))
+}
+
+func result(r *limiterpb.LimitResponse, err error) (Result, error) {
+	if err != nil {
+		return Result{}, err
+	}
+	return Result{
+		Allowed:    r.GetAllowed(),
+		Count:      r.GetCount(),
+		Limit:      r.GetLimit(),
+		Window:     time.Duration(r.GetWindowMs()) * time.Millisecond,
+		RetryAfter: time.Duration(r.GetRetryAfterMs()) * time.Millisecond,
+	}, nil
+}
