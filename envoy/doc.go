@@ -1,0 +1,3 @@
+// Package envoy holds the Envoy bootstrap configs that front the core with the rate-limit
+// sidecar, and the test that validates every one of them against Envoy's own protos.
+package envoy
