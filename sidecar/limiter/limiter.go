@@ -1,0 +1,322 @@
+// Package limiter counts hits in fixed windows aligned to the wall clock, per bucket and
+// key, in memory: Check counts and decides, Peek decides without counting, Record counts.
+package limiter
+
+import (
+	"hash/maphash"
+	"maps"
+	"math"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/converger/edge/shared/buckets"
+)
+
+// Limit is a number of hits allowed per fixed window.
+type Limit = buckets.Limit
+
+// Key names one counter: a bucket and the identity it is counted for within the bucket
+// (a tenant id, a channel id, an IP or an account key).
+type Key struct {
+	Bucket BucketID
+	ID     string
+}
+
+// BucketID is a registered bucket name; see Limiter.Bucket.
+type BucketID uint32
+
+// Result is the outcome of an operation.
+type Result struct {
+	// Allowed is the decision: for Check, the count after adding is within the limit;
+	// for Peek, the count has not reached it; Record always allows.
+	Allowed bool
+	// Count is the number of hits in the current window, after the operation.
+	Count uint32
+	Limit Limit
+	// WindowEndMS is the wall-clock end of the current window in Unix milliseconds.
+	WindowEndMS int64
+	// RetryAfterMS is the time left in the window when denied, else 0.
+	RetryAfterMS int64
+}
+
+// RetryAfterSeconds returns RetryAfterMS in whole seconds, rounded up, at least 1: the
+// value of a retry-after header.
+func (r Result) RetryAfterSeconds() int64 {
+	s := (r.RetryAfterMS + 999) / 1000
+	return max(s, 1)
+}
+
+const numShards = 256
+
+// Limiter holds the counters. The zero value is not usable; call New.
+type Limiter struct {
+	now    func() int64 // Unix milliseconds
+	clock  *anchoredClock
+	seed   maphash.Seed
+	shards [numShards]shard
+
+	namesMu sync.Mutex
+	names   atomic.Pointer[[]string] // BucketID → name, copy-on-write
+	ids     map[string]BucketID
+}
+
+type shard struct {
+	mu sync.RWMutex
+	// byBucket holds a map per BucketID, created on the bucket's first counter.
+	byBucket []map[string]*entry
+	peak     int
+	_        [56]byte // one shard per two cache lines: no false sharing between shards
+}
+
+func (s *shard) get(k Key) *entry {
+	if int(k.Bucket) < len(s.byBucket) {
+		return s.byBucket[k.Bucket][k.ID]
+	}
+	return nil
+}
+
+// insert adds an entry for k; the caller holds the write lock.
+func (s *shard) insert(k Key) *entry {
+	for int(k.Bucket) >= len(s.byBucket) {
+		s.byBucket = append(s.byBucket, nil)
+	}
+	m := s.byBucket[k.Bucket]
+	if m == nil {
+		m = make(map[string]*entry)
+		s.byBucket[k.Bucket] = m
+	}
+	e := new(entry)
+	m[strings.Clone(k.ID)] = e
+	return e
+}
+
+func (s *shard) len() int {
+	n := 0
+	for _, m := range s.byBucket {
+		n += len(m)
+	}
+	return n
+}
+
+// entry is one counter. state packs the window index (high 32 bits, modulo 2^32) and
+// the count (low 32 bits), so that a window change and an increment are one CAS.
+type entry struct {
+	state atomic.Uint64
+	// endMS is when the current window ends; the sweeper removes entries past it.
+	endMS atomic.Int64
+	// sizeMS is the window length the count was made with: a limit whose window
+	// changes starts a fresh count.
+	sizeMS atomic.Uint32
+}
+
+// New returns an empty limiter that reads the time from now, or from the wall clock
+// when now is nil.
+func New(now func() time.Time) *Limiter {
+	l := &Limiter{seed: maphash.MakeSeed(), ids: map[string]BucketID{}}
+	if now == nil {
+		l.clock = newAnchoredClock()
+		l.now = l.clock.nowMS
+	} else {
+		l.now = func() int64 { return now().UnixMilli() }
+	}
+	l.names.Store(&[]string{})
+	return l
+}
+
+// Bucket returns the id of a bucket name, registering it on first use.
+func (l *Limiter) Bucket(name string) BucketID {
+	l.namesMu.Lock()
+	defer l.namesMu.Unlock()
+	if id, ok := l.ids[name]; ok {
+		return id
+	}
+	old := *l.names.Load()
+	names := append(append(make([]string, 0, len(old)+1), old...), name)
+	id := BucketID(len(old))
+	l.ids[name] = id
+	l.names.Store(&names)
+	return id
+}
+
+// BucketName returns the name of a registered bucket.
+func (l *Limiter) BucketName(id BucketID) string {
+	names := *l.names.Load()
+	if int(id) < len(names) {
+		return names[id]
+	}
+	return ""
+}
+
+// NowMS returns the limiter's clock in Unix milliseconds.
+func (l *Limiter) NowMS() int64 { return l.now() }
+
+// Check adds n hits to k and allows them iff the count after adding is within lim.
+// Denied hits are counted too.
+func (l *Limiter) Check(k Key, n uint32, lim Limit) Result {
+	now, w, end := l.window(lim)
+	count := l.add(k, n, w, end, windowMS(lim))
+	return decide(count <= lim.Count, count, lim, now, end)
+}
+
+// Record adds n hits to k without deciding: the result is always allowed.
+func (l *Limiter) Record(k Key, n uint32, lim Limit) Result {
+	_, w, end := l.window(lim)
+	count := l.add(k, n, w, end, windowMS(lim))
+	return Result{Allowed: true, Count: count, Limit: lim, WindowEndMS: end}
+}
+
+// Peek decides without counting: denied iff the count has reached lim.
+func (l *Limiter) Peek(k Key, lim Limit) Result {
+	now, w, end := l.window(lim)
+	var count uint32
+	s := l.shard(k)
+	s.mu.RLock()
+	if e := s.get(k); e != nil {
+		count, _ = e.current(w, windowMS(lim))
+	}
+	s.mu.RUnlock()
+	return decide(count < lim.Count, count, lim, now, end)
+}
+
+func decide(allowed bool, count uint32, lim Limit, now, end int64) Result {
+	r := Result{Allowed: allowed, Count: count, Limit: lim, WindowEndMS: end}
+	if !allowed {
+		r.RetryAfterMS = end - now
+	}
+	return r
+}
+
+// windowMS returns the window length in milliseconds, at least 1.
+func windowMS(lim Limit) uint32 {
+	return uint32(min(max(lim.Window.Milliseconds(), 1), math.MaxUint32))
+}
+
+// window returns the time, the current window's index (mod 2^32) and its end.
+func (l *Limiter) window(lim Limit) (now int64, w uint32, end int64) {
+	now = l.now()
+	size := int64(windowMS(lim))
+	idx := now / size
+	return now, uint32(idx), (idx + 1) * size
+}
+
+func (l *Limiter) shard(k Key) *shard {
+	h := maphash.String(l.seed, k.ID) ^ uint64(k.Bucket)*0x9E3779B97F4A7C15
+	return &l.shards[h%numShards]
+}
+
+// add adds n to k's count in window w and returns the new count.
+func (l *Limiter) add(k Key, n uint32, w uint32, end int64, size uint32) uint32 {
+	s := l.shard(k)
+	s.mu.RLock()
+	e := s.get(k)
+	if e != nil {
+		c := e.add(n, w, end, size)
+		s.mu.RUnlock()
+		return c
+	}
+	s.mu.RUnlock()
+
+	s.mu.Lock()
+	e = s.get(k)
+	if e == nil {
+		e = s.insert(k)
+	}
+	c := e.add(n, w, end, size)
+	s.mu.Unlock()
+	return c
+}
+
+// current returns the count of window w and the window index it belongs to. A window
+// later than w (seen by a caller that read the clock a moment earlier) counts as current,
+// so a late caller adds to it instead of resetting it.
+func (e *entry) current(w, size uint32) (count, window uint32) {
+	v := e.state.Load()
+	sw := uint32(v >> 32)
+	if sw == w || (int32(sw-w) > 0 && e.sizeMS.Load() == size) {
+		return uint32(v), sw
+	}
+	return 0, w
+}
+
+func (e *entry) add(n, w uint32, end int64, size uint32) uint32 {
+	for {
+		old := e.state.Load()
+		sw := uint32(old >> 32)
+		var count uint32
+		if sw == w || (int32(sw-w) > 0 && e.sizeMS.Load() == size) {
+			count, w = uint32(old), sw
+		}
+		if count > math.MaxUint32-n {
+			count = math.MaxUint32
+		} else {
+			count += n
+		}
+		if e.state.CompareAndSwap(old, uint64(w)<<32|uint64(count)) {
+			if sw != w || e.sizeMS.Load() != size {
+				e.sizeMS.Store(size)
+				e.endMS.Store(end)
+			}
+			return count
+		}
+	}
+}
+
+// Sweep removes the counters whose window ended before now and returns how many it
+// removed. Maps that shrank to a quarter of their peak are rebuilt to free memory.
+func (l *Limiter) Sweep() int {
+	if l.clock != nil {
+		l.clock.anchor()
+	}
+	now := l.NowMS()
+	removed := 0
+	for i := range l.shards {
+		s := &l.shards[i]
+		s.mu.Lock()
+		for _, m := range s.byBucket {
+			for id, e := range m {
+				if e.endMS.Load() <= now {
+					delete(m, id)
+					removed++
+				}
+			}
+		}
+		if n := s.len(); n > s.peak {
+			s.peak = n
+		} else if s.peak > 1024 && n < s.peak/4 {
+			for b, m := range s.byBucket {
+				s.byBucket[b] = maps.Clone(m)
+			}
+			s.peak = n
+		}
+		s.mu.Unlock()
+	}
+	return removed
+}
+
+// Len returns the number of live counters.
+func (l *Limiter) Len() int {
+	n := 0
+	for i := range l.shards {
+		s := &l.shards[i]
+		s.mu.RLock()
+		n += s.len()
+		s.mu.RUnlock()
+	}
+	return n
+}
+
+// RunSweeper calls Sweep every period until stop is closed.
+func (l *Limiter) RunSweeper(period time.Duration, stop <-chan struct{}) {
+	t := time.NewTicker(period)
+	defer t.Stop()
+	for {
+		select {
+		case <-stop:
+			return
+		case <-t.C:
+			l.Sweep()
+		}
+	}
+}
