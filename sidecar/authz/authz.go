@@ -1,0 +1,204 @@
+// Package authz is the sidecar's answer to Envoy's external authorization Check: match
+// the route, identify the request, count it, and allow it or deny it with the envelope.
+package authz
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	authv3 "github.com/envoyproxy/go-control-plane/envoy/service/auth/v3"
+	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
+	"github.com/prometheus/client_golang/prometheus"
+	rpcstatus "google.golang.org/genproto/googleapis/rpc/status"
+	"google.golang.org/grpc/codes"
+
+	"github.com/converger/edge/shared/apierror"
+	"github.com/converger/edge/shared/buckets"
+	"github.com/converger/edge/sidecar/identity"
+	"github.com/converger/edge/sidecar/limiter"
+	"github.com/converger/edge/sidecar/metrics"
+	"github.com/converger/edge/sidecar/routes"
+	"github.com/converger/edge/sidecar/tenants"
+)
+
+// Overrides gives a tenant's limit overrides; *tenants.Directory implements it.
+type Overrides interface {
+	Overrides(tenantID string) (buckets.Overrides, tenants.Status)
+}
+
+// BaseLimits resolves a bucket's limit without overrides; *config.Config implements it.
+type BaseLimits interface {
+	BaseLimit(bucket string, route buckets.Limit) (buckets.Limit, bool)
+}
+
+// Server answers envoy.service.auth.v3.Authorization/Check.
+type Server struct {
+	authv3.UnimplementedAuthorizationServer
+
+	table     *routes.Table
+	steps     [][]step // by route index
+	ident     *identity.Resolver
+	limiter   *limiter.Limiter
+	overrides Overrides // nil without a database
+	metrics   *metrics.Metrics
+	none      prometheus.Counter
+}
+
+// step is a route step with everything resolved that does not depend on the request.
+type step struct {
+	routes.Step
+	main, publishable counter
+}
+
+type counter struct {
+	name        string
+	id          limiter.BucketID
+	base        buckets.Limit
+	overridable bool
+	metrics     *metrics.Bucket
+}
+
+// New builds the server for a route table.
+func New(table *routes.Table, ident *identity.Resolver, lim *limiter.Limiter, limits BaseLimits, overrides Overrides, m *metrics.Metrics) (*Server, error) {
+	s := &Server{table: table, ident: ident, limiter: lim, overrides: overrides, metrics: m, none: m.Unlimited()}
+	mk := func(name string, route buckets.Limit) (counter, error) {
+		base, ok := limits.BaseLimit(name, route)
+		if !ok {
+			return counter{}, fmt.Errorf("bucket %s has no limit", name)
+		}
+		b, _ := buckets.Lookup(name)
+		return counter{name: name, id: lim.Bucket(name), base: base, overridable: b.Overridable, metrics: m.Bucket(name)}, nil
+	}
+	for _, r := range table.Routes() {
+		var steps []step
+		for _, rs := range r.Steps {
+			st := step{Step: rs}
+			var err error
+			if st.main, err = mk(rs.Bucket, rs.Limit); err != nil {
+				return nil, err
+			}
+			if rs.PublishableBucket != "" {
+				if st.publishable, err = mk(rs.PublishableBucket, buckets.Limit{}); err != nil {
+					return nil, err
+				}
+			}
+			steps = append(steps, st)
+		}
+		s.steps = append(s.steps, steps)
+	}
+	return s, nil
+}
+
+// Check decides on one request. Every decision is an answer, never a gRPC error: Envoy
+// treats errors as failures of the service, not as denials.
+func (s *Server) Check(_ context.Context, req *authv3.CheckRequest) (*authv3.CheckResponse, error) {
+	start := time.Now()
+	resp := s.check(req)
+	s.metrics.ObserveCheck(time.Since(start))
+	return resp, nil
+}
+
+func (s *Server) check(req *authv3.CheckRequest) *authv3.CheckResponse {
+	attrs := req.GetAttributes()
+	h := attrs.GetRequest().GetHttp()
+	route, channelID, ok := s.table.Match(h.GetMethod(), h.GetPath())
+	if !ok || route.Core {
+		s.none.Inc()
+		return allow()
+	}
+	r := identity.Request{
+		Header:    headerFunc(h),
+		Source:    attrs.GetSource().GetAddress().GetSocketAddress().GetAddress(),
+		ChannelID: channelID,
+	}
+	for i := range s.steps[route.Index] {
+		st := &s.steps[route.Index][i]
+		id, rejected := s.ident.Identify(st.Step, &r)
+		if rejected != nil {
+			st.main.metrics.Rejected.Inc()
+			return deny(*rejected, codes.PermissionDenied, nil, r.Header("x-request-id"), nil)
+		}
+		c := &st.main
+		if id.Src == "publishable" && st.publishable.name != "" {
+			c = &st.publishable
+		}
+		res := s.limiter.Check(limiter.Key{Bucket: c.id, ID: id.ID}, 1, s.limit(c, id.TenantID))
+		if !res.Allowed {
+			c.metrics.Denied.Inc()
+			c.metrics.Exceeded.Inc()
+			return RateLimited(res, r.Header("x-request-id"))
+		}
+		c.metrics.Allowed.Inc()
+	}
+	return allow()
+}
+
+// limit applies the tenant's override, when the bucket has one, over the base limit.
+func (s *Server) limit(c *counter, tenantID string) buckets.Limit {
+	if !c.overridable || tenantID == "" || s.overrides == nil {
+		return c.base
+	}
+	o, _ := s.overrides.Overrides(tenantID)
+	if l, ok := o[c.name]; ok {
+		return l
+	}
+	return c.base
+}
+
+// headerFunc reads request headers from the map Envoy sends, or from the raw header
+// list when Envoy is configured with encode_raw_headers.
+func headerFunc(h *authv3.AttributeContext_HttpRequest) func(string) string {
+	if hm := h.GetHeaderMap(); hm != nil && len(h.GetHeaders()) == 0 {
+		return func(name string) string {
+			for _, hv := range hm.GetHeaders() {
+				if strings.EqualFold(hv.GetKey(), name) {
+					if v := hv.GetValue(); v != "" {
+						return v
+					}
+					return string(hv.GetRawValue())
+				}
+			}
+			return ""
+		}
+	}
+	headers := h.GetHeaders()
+	return func(name string) string { return headers[name] }
+}
+
+func allow() *authv3.CheckResponse {
+	return &authv3.CheckResponse{Status: &rpcstatus.Status{Code: int32(codes.OK)}}
+}
+
+// RateLimited is the denial of a request over its limit: 429 with retry-after and the
+// rate_limited envelope.
+func RateLimited(res limiter.Result, requestIDHeader string) *authv3.CheckResponse {
+	extra := []*corev3.HeaderValueOption{header("retry-after", strconv.FormatInt(res.RetryAfterSeconds(), 10))}
+	return deny(apierror.RateLimited, codes.ResourceExhausted, apierror.RateLimitDetails{RetryAfterMS: res.RetryAfterMS}, requestIDHeader, extra)
+}
+
+func deny(e apierror.Error, code codes.Code, details any, requestIDHeader string, extra []*corev3.HeaderValueOption) *authv3.CheckResponse {
+	if e.Status == 401 {
+		code = codes.Unauthenticated
+	}
+	id := apierror.RequestID(requestIDHeader)
+	headers := append(extra, header("content-type", "application/json"), header("x-request-id", id))
+	return &authv3.CheckResponse{
+		Status: &rpcstatus.Status{Code: int32(code), Message: e.Code},
+		HttpResponse: &authv3.CheckResponse_DeniedResponse{DeniedResponse: &authv3.DeniedHttpResponse{
+			Status:  &typev3.HttpStatus{Code: typev3.StatusCode(e.Status)},
+			Headers: headers,
+			Body:    string(e.Body(details, id)),
+		}},
+	}
+}
+
+func header(k, v string) *corev3.HeaderValueOption {
+	return &corev3.HeaderValueOption{
+		Header:       &corev3.HeaderValue{Key: k, Value: v},
+		AppendAction: corev3.HeaderValueOption_OVERWRITE_IF_EXISTS_OR_ADD,
+	}
+}

@@ -1,0 +1,295 @@
+// Package config reads the sidecar's configuration from the environment and the
+// RATE_LIMIT_CONFIG file, and refuses invalid values with a message naming them.
+package config
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"math"
+	"net"
+	"os"
+	"strconv"
+	"strings"
+	"time"
+
+	"go.yaml.in/yaml/v3"
+
+	"github.com/converger/edge/shared/buckets"
+	"github.com/converger/edge/shared/clientip"
+	"github.com/converger/edge/shared/token"
+	"github.com/converger/edge/sidecar/routes"
+)
+
+// Config is the sidecar's configuration.
+type Config struct {
+	GRPCAddr     string // SIDECAR_GRPC_ADDR
+	HTTPAddr     string // SIDECAR_HTTP_ADDR
+	DatabaseURL  string // DATABASE_URL; "" runs without a database
+	Backend      string // RATE_LIMIT_BACKEND: "local" (one node)
+	SyncInterval time.Duration
+	// TrustedProxies resolves client addresses (TRUSTED_PROXIES).
+	TrustedProxies *clientip.Resolver
+	// Verifier checks Converger tokens (TOKEN_VERIFY_KEYS); nil rejects every token.
+	Verifier  *token.Verifier
+	LogLevel  slog.Level
+	LogFormat string // "json" or "text"
+
+	// From RATE_LIMIT_CONFIG.
+	Limits        map[string]buckets.Limit // installation-wide limits by bucket
+	OverrideTTL   time.Duration
+	CleanPeriod   time.Duration
+	CredentialTTL time.Duration
+	DBWait        time.Duration
+	// Routes are the configured routes followed by the built-in ones.
+	Routes []routes.Route
+}
+
+// Defaults.
+const (
+	DefaultGRPCAddr = "127.0.0.1:8081"
+	DefaultHTTPAddr = "127.0.0.1:8082"
+)
+
+// Load reads the configuration through getenv (os.Getenv in main).
+func Load(getenv func(string) string) (*Config, error) {
+	c := &Config{
+		GRPCAddr:      orDefault(getenv("SIDECAR_GRPC_ADDR"), DefaultGRPCAddr),
+		HTTPAddr:      orDefault(getenv("SIDECAR_HTTP_ADDR"), DefaultHTTPAddr),
+		DatabaseURL:   strings.TrimSpace(getenv("DATABASE_URL")),
+		SyncInterval:  100 * time.Millisecond,
+		Limits:        map[string]buckets.Limit{},
+		OverrideTTL:   30 * time.Second,
+		CleanPeriod:   60 * time.Second,
+		CredentialTTL: 30 * time.Second,
+		DBWait:        50 * time.Millisecond,
+		LogFormat:     "json",
+	}
+	for _, v := range []struct{ name, val string }{{"SIDECAR_GRPC_ADDR", c.GRPCAddr}, {"SIDECAR_HTTP_ADDR", c.HTTPAddr}} {
+		if err := checkAddr(v.val); err != nil {
+			return nil, fmt.Errorf("%s=%q: %w", v.name, v.val, err)
+		}
+	}
+
+	strategy := orDefault(getenv("CLUSTER_STRATEGY"), "none")
+	if strategy != "none" {
+		return nil, fmt.Errorf("CLUSTER_STRATEGY=%q: this version runs one node only; use none", strategy)
+	}
+	switch b := orDefault(getenv("RATE_LIMIT_BACKEND"), "local"); b {
+	case "local":
+		c.Backend = b
+	case "cluster":
+		return nil, fmt.Errorf("RATE_LIMIT_BACKEND=cluster needs a cluster (CLUSTER_STRATEGY), which this version does not run; use local")
+	default:
+		return nil, fmt.Errorf("RATE_LIMIT_BACKEND=%q: must be local or cluster", b)
+	}
+	if v := getenv("RATE_LIMIT_SYNC_INTERVAL_MS"); v != "" {
+		ms, err := positiveMS(v, math.MaxInt32)
+		if err != nil {
+			return nil, fmt.Errorf("RATE_LIMIT_SYNC_INTERVAL_MS=%q: %w", v, err)
+		}
+		c.SyncInterval = ms
+	}
+
+	var err error
+	if c.TrustedProxies, err = clientip.Parse(getenv("TRUSTED_PROXIES")); err != nil {
+		return nil, fmt.Errorf("TRUSTED_PROXIES: %w", err)
+	}
+	if v := getenv("TOKEN_VERIFY_KEYS"); strings.TrimSpace(v) != "" {
+		if c.Verifier, err = token.ParseVerifyKeys(v); err != nil {
+			return nil, fmt.Errorf("TOKEN_VERIFY_KEYS: %w", err)
+		}
+	}
+	switch v := strings.ToLower(orDefault(getenv("LOG_LEVEL"), "info")); v {
+	case "debug", "info", "warn", "error":
+		_ = c.LogLevel.UnmarshalText([]byte(v))
+	default:
+		return nil, fmt.Errorf("LOG_LEVEL=%q: must be debug, info, warn or error", v)
+	}
+	switch v := orDefault(getenv("LOG_FORMAT"), "json"); v {
+	case "json", "text":
+		c.LogFormat = v
+	default:
+		return nil, fmt.Errorf("LOG_FORMAT=%q: must be json or text", v)
+	}
+
+	var extra []routes.Route
+	if path := getenv("RATE_LIMIT_CONFIG"); path != "" {
+		f, err := os.Open(path)
+		if err != nil {
+			return nil, fmt.Errorf("RATE_LIMIT_CONFIG: %w", err)
+		}
+		defer f.Close()
+		if extra, err = c.readFile(f); err != nil {
+			return nil, fmt.Errorf("RATE_LIMIT_CONFIG %s: %w", path, err)
+		}
+	}
+	c.Routes = append(extra, routes.BuiltIn()...)
+	if _, err := routes.New(c.Routes); err != nil {
+		return nil, fmt.Errorf("RATE_LIMIT_CONFIG: %w", err)
+	}
+	return c, nil
+}
+
+// BaseLimit resolves a bucket's limit without tenant overrides: the installation config,
+// then the route's ad-hoc limit, then the built-in default. ok is false when none has one.
+func (c *Config) BaseLimit(bucket string, route buckets.Limit) (l buckets.Limit, ok bool) {
+	if l, ok := c.Limits[bucket]; ok {
+		return l, true
+	}
+	if route.Count > 0 {
+		return route, true
+	}
+	if b, ok := buckets.Lookup(bucket); ok {
+		return b.Default, true
+	}
+	return buckets.Limit{}, false
+}
+
+// file is the RATE_LIMIT_CONFIG document.
+type file struct {
+	Limits               map[string]limitSpec `yaml:"limits"`
+	OverrideCacheTTLMS   *int64               `yaml:"override_cache_ttl_ms"`
+	CleanPeriodMS        *int64               `yaml:"clean_period_ms"`
+	CredentialCacheTTLMS *int64               `yaml:"credential_cache_ttl_ms"`
+	DatabaseWaitMS       *int64               `yaml:"database_wait_ms"`
+	Routes               []routeSpec          `yaml:"routes"`
+}
+
+type limitSpec struct {
+	Limit  int64  `yaml:"limit"`
+	Window string `yaml:"window"`
+}
+
+type routeSpec struct {
+	Method string `yaml:"method"`
+	Path   string `yaml:"path"`
+	Bucket string `yaml:"bucket"`
+	Per    string `yaml:"per"`
+	From   string `yaml:"from"`
+	Limit  int64  `yaml:"limit"`
+	Window string `yaml:"window"`
+}
+
+func (c *Config) readFile(r io.Reader) ([]routes.Route, error) {
+	data, err := io.ReadAll(io.LimitReader(r, 1<<20))
+	if err != nil {
+		return nil, err
+	}
+	var f file
+	dec := yaml.NewDecoder(bytes.NewReader(data))
+	dec.KnownFields(true)
+	if err := dec.Decode(&f); err != nil && !errors.Is(err, io.EOF) {
+		return nil, err
+	}
+	for _, d := range []struct {
+		key string
+		v   *int64
+		dst *time.Duration
+	}{
+		{"override_cache_ttl_ms", f.OverrideCacheTTLMS, &c.OverrideTTL},
+		{"clean_period_ms", f.CleanPeriodMS, &c.CleanPeriod},
+		{"credential_cache_ttl_ms", f.CredentialCacheTTLMS, &c.CredentialTTL},
+		{"database_wait_ms", f.DatabaseWaitMS, &c.DBWait},
+	} {
+		if d.v == nil {
+			continue
+		}
+		if *d.v <= 0 || *d.v > 24*3600*1000 {
+			return nil, fmt.Errorf("%s: must be a positive number of milliseconds, at most a day", d.key)
+		}
+		*d.dst = time.Duration(*d.v) * time.Millisecond
+	}
+
+	var out []routes.Route
+	known := map[string]bool{}
+	for _, b := range buckets.BuiltIn {
+		known[b.Name] = true
+	}
+	for i, rs := range f.Routes {
+		key := fmt.Sprintf("routes[%d]", i)
+		r, err := rs.route()
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", key, err)
+		}
+		if _, builtin := buckets.Lookup(rs.Bucket); !builtin && r.Steps[0].Limit.Count == 0 {
+			return nil, fmt.Errorf("%s: bucket %s is not built in, so the route needs limit and window", key, rs.Bucket)
+		}
+		known[rs.Bucket] = true
+		out = append(out, r)
+	}
+	for name, spec := range f.Limits {
+		if !known[name] {
+			return nil, fmt.Errorf("limits.%s: unknown bucket (not built in nor named by a route)", name)
+		}
+		l, err := spec.limit()
+		if err != nil {
+			return nil, fmt.Errorf("limits.%s: %w", name, err)
+		}
+		c.Limits[name] = l
+	}
+	return out, nil
+}
+
+func (s limitSpec) limit() (buckets.Limit, error) {
+	if s.Limit <= 0 || s.Limit > math.MaxUint32 {
+		return buckets.Limit{}, fmt.Errorf("limit must be a positive integer (at most %d)", uint32(math.MaxUint32))
+	}
+	w, err := time.ParseDuration(s.Window)
+	if err != nil || w < time.Millisecond || w > 24*time.Hour || w%time.Millisecond != 0 {
+		return buckets.Limit{}, fmt.Errorf("window %q must be a duration such as 1s, 60s or 1h, in whole milliseconds, at most 24h", s.Window)
+	}
+	return buckets.Limit{Count: uint32(s.Limit), Window: w}, nil
+}
+
+func (s routeSpec) route() (routes.Route, error) {
+	per := buckets.Per(s.Per)
+	from := routes.Source(s.From)
+	switch {
+	case per == buckets.PerIP && from == "":
+		from = routes.FromIP
+	case per != buckets.PerTenant && per != buckets.PerChannel && per != buckets.PerIP:
+		return routes.Route{}, fmt.Errorf("per %q: must be tenant, channel or ip", s.Per)
+	case from == "":
+		return routes.Route{}, fmt.Errorf("from: say where the %s comes from (api_key, token, channel_secret, publishable_key or path)", per)
+	}
+	step := routes.Step{Bucket: s.Bucket, Per: per, From: from}
+	if s.Limit != 0 || s.Window != "" {
+		l, err := limitSpec{s.Limit, s.Window}.limit()
+		if err != nil {
+			return routes.Route{}, err
+		}
+		step.Limit = l
+	}
+	r := routes.Route{Method: s.Method, Pattern: s.Path, Steps: []routes.Step{step}}
+	_, err := routes.New([]routes.Route{r})
+	return r, err
+}
+
+func orDefault(v, def string) string {
+	if v = strings.TrimSpace(v); v == "" {
+		return def
+	}
+	return v
+}
+
+func checkAddr(a string) error {
+	_, port, err := net.SplitHostPort(a)
+	if err != nil {
+		return errors.New("must be host:port")
+	}
+	if p, err := strconv.Atoi(port); err != nil || p < 0 || p > 65535 {
+		return errors.New("the port must be a number from 0 to 65535")
+	}
+	return nil
+}
+
+func positiveMS(v string, max int64) (time.Duration, error) {
+	n, err := strconv.ParseInt(strings.TrimSpace(v), 10, 64)
+	if err != nil || n <= 0 || n > max {
+		return 0, fmt.Errorf("must be a positive whole number of milliseconds")
+	}
+	return time.Duration(n) * time.Millisecond, nil
+}

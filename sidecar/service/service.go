@@ -1,0 +1,220 @@
+// Package service assembles the sidecar from its configuration: the limiter, the tenant
+// directory, the gRPC services (ext_authz, Limiter, health, reflection) and the HTTP
+// operator endpoints, and runs them until stopped.
+package service
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	authv3 "github.com/envoyproxy/go-control-plane/envoy/service/auth/v3"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/health"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/keepalive"
+	"google.golang.org/grpc/reflection"
+
+	"github.com/converger/edge/shared/limiterpb"
+	"github.com/converger/edge/sidecar/authz"
+	"github.com/converger/edge/sidecar/config"
+	"github.com/converger/edge/sidecar/identity"
+	"github.com/converger/edge/sidecar/limitapi"
+	"github.com/converger/edge/sidecar/limiter"
+	"github.com/converger/edge/sidecar/metrics"
+	"github.com/converger/edge/sidecar/ops"
+	"github.com/converger/edge/sidecar/routes"
+	"github.com/converger/edge/sidecar/tenants"
+)
+
+// Sidecar is a running sidecar.
+type Sidecar struct {
+	// GRPCAddr and HTTPAddr are the addresses actually listened on.
+	GRPCAddr, HTTPAddr net.Addr
+	Limiter            *limiter.Limiter
+	Metrics            *metrics.Metrics
+
+	log      *slog.Logger
+	grpc     *grpc.Server
+	health   *health.Server
+	http     *http.Server
+	pool     *pgxpool.Pool
+	dir      *tenants.Directory
+	cancel   context.CancelFunc
+	wg       sync.WaitGroup
+	serving  atomic.Bool
+	stopOnce sync.Once
+	errc     chan error
+}
+
+// Options are the parts of a sidecar that do not come from its configuration.
+type Options struct {
+	Logger *slog.Logger // slog.Default() when nil
+	// Now is the wall clock of the limiter, caches and token checks (time.Now when
+	// nil): tests move it instead of sleeping across windows.
+	Now func() time.Time
+}
+
+// Start builds the sidecar and starts serving. It fails when a listener cannot be opened.
+func Start(cfg *config.Config, o Options) (*Sidecar, error) {
+	log := o.Logger
+	if log == nil {
+		log = slog.Default()
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	s := &Sidecar{log: log, cancel: cancel, errc: make(chan error, 2)}
+	ok := false
+	defer func() {
+		if !ok {
+			s.Stop()
+		}
+	}()
+
+	s.Metrics = metrics.New()
+	s.Limiter = limiter.New(o.Now)
+	s.Metrics.GaugeFunc("converger_sidecar_limiter_keys", "Live counters in the limiter.", func() float64 { return float64(s.Limiter.Len()) })
+	s.wg.Go(func() { s.Limiter.RunSweeper(cfg.CleanPeriod, ctx.Done()) })
+
+	var dir identity.Directory
+	var overrides authz.Overrides
+	if cfg.DatabaseURL != "" {
+		pc, err := pgxpool.ParseConfig(cfg.DatabaseURL)
+		if err != nil {
+			return nil, fmt.Errorf("DATABASE_URL: %w", err)
+		}
+		pc.MaxConns = 8
+		pc.ConnConfig.ConnectTimeout = 2 * time.Second
+		if s.pool, err = pgxpool.NewWithConfig(ctx, pc); err != nil {
+			return nil, fmt.Errorf("DATABASE_URL: %w", err)
+		}
+		s.dir = tenants.New(s.pool, tenants.Options{
+			OverrideTTL:   cfg.OverrideTTL,
+			CredentialTTL: cfg.CredentialTTL,
+			Wait:          cfg.DBWait,
+			Metrics:       s.Metrics,
+			Logger:        log,
+			Now:           o.Now,
+		})
+		s.wg.Go(func() { s.dir.Listen(ctx) })
+		dir, overrides = s.dir, s.dir
+	} else {
+		log.Warn("DATABASE_URL is not set: API keys, channel secrets and publishable keys are counted unverified, and tenant overrides are off")
+	}
+	if cfg.Verifier != nil && o.Now != nil {
+		cfg.Verifier.Now = o.Now
+	}
+	if cfg.Verifier == nil {
+		log.Warn("TOKEN_VERIFY_KEYS is not set: every Converger token is refused on token-counted routes")
+	}
+
+	table, err := routes.New(cfg.Routes)
+	if err != nil {
+		return nil, err
+	}
+	ident := identity.New(dir, identity.NewTokenCache(cfg.Verifier, 0), cfg.TrustedProxies)
+	az, err := authz.New(table, ident, s.Limiter, cfg, overrides, s.Metrics)
+	if err != nil {
+		return nil, err
+	}
+
+	s.grpc = grpc.NewServer(
+		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 5 * time.Second, PermitWithoutStream: true}),
+		grpc.MaxRecvMsgSize(1<<20),
+	)
+	authv3.RegisterAuthorizationServer(s.grpc, az)
+	limiterpb.RegisterLimiterServer(s.grpc, limitapi.New(s.Limiter, cfg, s.Metrics))
+	s.health = health.NewServer()
+	healthpb.RegisterHealthServer(s.grpc, s.health)
+	reflection.Register(s.grpc)
+
+	gl, err := net.Listen("tcp", cfg.GRPCAddr)
+	if err != nil {
+		return nil, fmt.Errorf("SIDECAR_GRPC_ADDR: %w", err)
+	}
+	hl, err := net.Listen("tcp", cfg.HTTPAddr)
+	if err != nil {
+		gl.Close()
+		return nil, fmt.Errorf("SIDECAR_HTTP_ADDR: %w", err)
+	}
+	s.GRPCAddr, s.HTTPAddr = gl.Addr(), hl.Addr()
+	s.http = &http.Server{
+		Handler:           ops.Handler(s.Metrics.Registry, s.readiness),
+		ReadHeaderTimeout: 5 * time.Second,
+		ReadTimeout:       10 * time.Second,
+		WriteTimeout:      30 * time.Second,
+		IdleTimeout:       2 * time.Minute,
+	}
+	s.wg.Go(func() {
+		if err := s.grpc.Serve(gl); err != nil {
+			s.errc <- fmt.Errorf("gRPC server: %w", err)
+		}
+	})
+	s.wg.Go(func() {
+		if err := s.http.Serve(hl); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			s.errc <- fmt.Errorf("HTTP server: %w", err)
+		}
+	})
+	s.health.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
+	s.health.SetServingStatus(authv3.Authorization_ServiceDesc.ServiceName, healthpb.HealthCheckResponse_SERVING)
+	s.health.SetServingStatus(limiterpb.Limiter_ServiceDesc.ServiceName, healthpb.HealthCheckResponse_SERVING)
+	s.serving.Store(true)
+	log.Info("sidecar started", "grpc", s.GRPCAddr.String(), "http", s.HTTPAddr.String(),
+		"backend", cfg.Backend, "database", cfg.DatabaseURL != "", "routes", len(table.Routes()))
+	ok = true
+	return s, nil
+}
+
+// Err reports a server that stopped on its own.
+func (s *Sidecar) Err() <-chan error { return s.errc }
+
+func (s *Sidecar) readiness() (bool, map[string]any) {
+	d := map[string]any{"database": "none"}
+	if s.dir != nil {
+		d["database"] = "up"
+		if !s.dir.Healthy() {
+			d["database"] = "down"
+		}
+		d["override_notifications"] = s.dir.Listening()
+	}
+	// A database outage does not make the sidecar unready: it keeps deciding with
+	// cached values and defaults, which is better than taking every node out of service.
+	return s.serving.Load(), d
+}
+
+// Stop stops accepting checks, lets the ones in flight finish (for at most 5 s) and
+// releases everything.
+func (s *Sidecar) Stop() {
+	s.stopOnce.Do(func() {
+		s.serving.Store(false)
+		if s.health != nil {
+			s.health.Shutdown()
+		}
+		if s.grpc != nil {
+			done := make(chan struct{})
+			go func() { s.grpc.GracefulStop(); close(done) }()
+			select {
+			case <-done:
+			case <-time.After(5 * time.Second):
+				s.grpc.Stop()
+			}
+		}
+		if s.http != nil {
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			_ = s.http.Shutdown(ctx)
+			cancel()
+		}
+		s.cancel()
+		s.wg.Wait()
+		if s.pool != nil {
+			s.pool.Close()
+		}
+		s.log.Info("sidecar stopped")
+	})
+}

@@ -1,0 +1,171 @@
+package tenants
+
+import (
+	"context"
+	"sync"
+	"time"
+)
+
+// Status says what a lookup knows.
+type Status int
+
+// Lookup statuses.
+const (
+	// Found: the value is current, or stale because the database could not be asked.
+	Found Status = iota
+	// NotFound: the database has no such row (possibly cached).
+	NotFound
+	// Unavailable: nothing is cached and the database did not answer in time.
+	Unavailable
+)
+
+func (s Status) String() string {
+	switch s {
+	case Found:
+		return "found"
+	case NotFound:
+		return "not found"
+	}
+	return "unavailable"
+}
+
+// Result labels for cache metrics.
+const (
+	ResultHit      = "hit"
+	ResultMiss     = "miss"
+	ResultFallback = "fallback"
+)
+
+// cache is a read-through cache in front of the database. A lookup that misses starts
+// one load per key (concurrent lookups of the key share it) and waits for it at most
+// wait; when it does not finish in time, or the database is down, the lookup decides
+// with what it has: the stale value if there is one, else Unavailable. A load that
+// finishes late still fills the cache.
+type cache[K comparable, V any] struct {
+	name   string
+	ttl    time.Duration // of found values
+	negTTL time.Duration // of not-found answers
+	max    int
+	load   func(ctx context.Context, k K) (v V, found bool, err error)
+	d      *Directory
+
+	mu sync.Mutex
+	m  map[K]*item[V]
+}
+
+type item[V any] struct {
+	val     V
+	found   bool
+	filled  bool      // a load has succeeded at least once
+	expires time.Time // when filled
+	loading chan struct{}
+}
+
+func (c *cache[K, V]) get(k K) (V, Status) {
+	now := c.d.now()
+	c.mu.Lock()
+	it := c.m[k]
+	if it != nil && it.filled && now.Before(it.expires) {
+		v, found := it.val, it.found
+		c.mu.Unlock()
+		c.d.metrics.Cache(c.name, ResultHit)
+		return v, status(found)
+	}
+	if it == nil {
+		c.evictLocked(now)
+		it = &item[V]{}
+		c.m[k] = it
+	}
+	if it.loading == nil && c.d.breaker.closed() {
+		it.loading = make(chan struct{})
+		go c.fetch(k, it)
+	}
+	wait := it.loading
+	c.mu.Unlock()
+
+	if wait != nil && c.d.breaker.closed() {
+		t := time.NewTimer(c.d.wait)
+		select {
+		case <-wait:
+		case <-t.C:
+		}
+		t.Stop()
+	}
+
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if !it.filled {
+		c.d.metrics.Cache(c.name, ResultFallback)
+		var zero V
+		return zero, Unavailable
+	}
+	if c.d.now().Before(it.expires) {
+		c.d.metrics.Cache(c.name, ResultMiss)
+	} else {
+		c.d.metrics.Cache(c.name, ResultFallback)
+	}
+	return it.val, status(it.found)
+}
+
+func status(found bool) Status {
+	if found {
+		return Found
+	}
+	return NotFound
+}
+
+func (c *cache[K, V]) fetch(k K, it *item[V]) {
+	ctx, cancel := context.WithTimeout(context.Background(), c.d.queryTimeout)
+	v, found, err := c.load(ctx, k)
+	cancel()
+	c.mu.Lock()
+	if err == nil {
+		it.val, it.found, it.filled = v, found, true
+		ttl := c.ttl
+		if !found {
+			ttl = c.negTTL
+		}
+		it.expires = c.d.now().Add(ttl)
+	}
+	close(it.loading)
+	it.loading = nil
+	c.mu.Unlock()
+	if err != nil {
+		c.d.failed(c.name, err)
+	} else {
+		c.d.breaker.succeeded()
+	}
+}
+
+// evictLocked makes room for one more entry: expired entries go first, then arbitrary
+// ones (map order is random).
+func (c *cache[K, V]) evictLocked(now time.Time) {
+	if len(c.m) < c.max {
+		return
+	}
+	for k, it := range c.m {
+		if it.loading == nil && (!it.filled || !now.Before(it.expires)) {
+			delete(c.m, k)
+		}
+	}
+	for k := range c.m {
+		if len(c.m) < c.max*9/10 {
+			break
+		}
+		delete(c.m, k)
+	}
+}
+
+// invalidate drops k: the next lookup asks the database. A load in flight fills the
+// dropped item only, so it cannot bring back the old value.
+func (c *cache[K, V]) invalidate(k K) {
+	c.mu.Lock()
+	delete(c.m, k)
+	c.mu.Unlock()
+}
+
+func (c *cache[K, V]) invalidateAll() {
+	c.mu.Lock()
+	c.m = make(map[K]*item[V])
+	c.mu.Unlock()
+}
