@@ -82,20 +82,6 @@ func Lookup(name string) (Bucket, bool) {
 	return Bucket{}, false
 }
 
-// FullKey returns the documented form of a key: "<bucket>:<prefix><id>".
-func FullKey(bucket, prefix, id string) string {
-	return bucket + ":" + prefix + id
-}
-
-// KeyPrefixFor returns the key prefix of a bucket counted per p.
-func KeyPrefixFor(p Per) string {
-	switch p {
-	case PerTenant, PerChannel, PerIP:
-		return string(p) + ":"
-	}
-	return ""
-}
-
 // ValidName reports whether s can name a bucket: 1 to 64 characters of a-z, 0-9 and "_".
 func ValidName(s string) bool {
 	if s == "" || len(s) > 64 {

@@ -9,6 +9,7 @@ import (
 
 	authv3 "github.com/envoyproxy/go-control-plane/envoy/service/auth/v3"
 
+	"github.com/converger/edge/shared/limiterclient"
 	"github.com/converger/edge/shared/limiterpb"
 	"github.com/converger/edge/shared/token"
 )
@@ -283,5 +284,30 @@ func TestUnlimitedRoutesPass(t *testing.T) {
 	}
 	if n := s.sc.Limiter.Len(); n != 0 {
 		t.Fatalf("%d counters created by unlimited routes", n)
+	}
+}
+
+// The Go client the core uses, against the real service.
+func TestLimiterClient(t *testing.T) {
+	s := newStack(t, stackOptions{noDatabase: true})
+	s.clock.set(s.start.Add(59_500 * time.Millisecond))
+	c, err := limiterclient.New(s.sc.GRPCAddr.String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	ctx := context.Background()
+	if r, err := c.Record(ctx, "login_account", "tenant:acme:eve@example.com", 5); err != nil || !r.Allowed || r.Count != 5 || r.Window != time.Minute {
+		t.Fatalf("record: %+v %v", r, err)
+	}
+	r, err := c.Peek(ctx, "login_account", "tenant:acme:eve@example.com")
+	if err != nil || r.Allowed || r.RetryAfter != 500*time.Millisecond || r.RetryAfterSeconds() != 1 {
+		t.Fatalf("peek: %+v %v", r, err)
+	}
+	if r, err := c.Check(ctx, "password_reset_account", "admin::eve@example.com", 1); err != nil || !r.Allowed || r.Limit != 3 {
+		t.Fatalf("check: %+v %v", r, err)
+	}
+	if _, err := c.Check(ctx, "nope", "k", 1); err == nil {
+		t.Fatal("unknown bucket accepted")
 	}
 }
