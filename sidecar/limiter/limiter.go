@@ -57,9 +57,10 @@ type Limiter struct {
 	seed   maphash.Seed
 	shards [numShards]shard
 
+	// The bucket registry, copy-on-write: lookups take no lock.
 	namesMu sync.Mutex
-	names   atomic.Pointer[[]string] // BucketID → name, copy-on-write
-	ids     map[string]BucketID
+	names   atomic.Pointer[[]string]            // BucketID → name
+	ids     atomic.Pointer[map[string]BucketID] // name → BucketID
 }
 
 type shard struct {
@@ -114,7 +115,7 @@ type entry struct {
 // New returns an empty limiter that reads the time from now, or from the wall clock
 // when now is nil.
 func New(now func() time.Time) *Limiter {
-	l := &Limiter{seed: maphash.MakeSeed(), ids: map[string]BucketID{}}
+	l := &Limiter{seed: maphash.MakeSeed()}
 	if now == nil {
 		l.clock = newAnchoredClock()
 		l.now = l.clock.nowMS
@@ -122,21 +123,27 @@ func New(now func() time.Time) *Limiter {
 		l.now = func() int64 { return now().UnixMilli() }
 	}
 	l.names.Store(&[]string{})
+	l.ids.Store(&map[string]BucketID{})
 	return l
 }
 
 // Bucket returns the id of a bucket name, registering it on first use.
 func (l *Limiter) Bucket(name string) BucketID {
+	if id, ok := (*l.ids.Load())[name]; ok {
+		return id
+	}
 	l.namesMu.Lock()
 	defer l.namesMu.Unlock()
-	if id, ok := l.ids[name]; ok {
+	if id, ok := (*l.ids.Load())[name]; ok {
 		return id
 	}
 	old := *l.names.Load()
-	names := append(append(make([]string, 0, len(old)+1), old...), name)
 	id := BucketID(len(old))
-	l.ids[name] = id
+	names := append(old[:len(old):len(old)], name)
+	ids := maps.Clone(*l.ids.Load())
+	ids[name] = id
 	l.names.Store(&names)
+	l.ids.Store(&ids)
 	return id
 }
 
