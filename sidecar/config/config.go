@@ -15,6 +15,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"go.yaml.in/yaml/v3"
 
 	"github.com/converger/edge/shared/buckets"
@@ -70,6 +71,14 @@ func Load(getenv func(string) string) (*Config, error) {
 	for _, v := range []struct{ name, val string }{{"SIDECAR_GRPC_ADDR", c.GRPCAddr}, {"SIDECAR_HTTP_ADDR", c.HTTPAddr}} {
 		if err := checkAddr(v.val); err != nil {
 			return nil, fmt.Errorf("%s=%q: %w", v.name, v.val, err)
+		}
+	}
+	if c.DatabaseURL != "" {
+		// The parser's own message may quote the URL, password included, so it is not
+		// repeated here.
+		if _, err := pgxpool.ParseConfig(c.DatabaseURL); err != nil {
+			return nil, errors.New("DATABASE_URL: not a valid PostgreSQL connection string " +
+				"(postgres://user:password@host:5432/database?sslmode=...)")
 		}
 	}
 
@@ -151,42 +160,74 @@ func (c *Config) BaseLimit(bucket string, route buckets.Limit) (l buckets.Limit,
 // file is the RATE_LIMIT_CONFIG document.
 type file struct {
 	Limits               map[string]limitSpec `yaml:"limits"`
-	OverrideCacheTTLMS   *int64               `yaml:"override_cache_ttl_ms"`
-	CleanPeriodMS        *int64               `yaml:"clean_period_ms"`
-	CredentialCacheTTLMS *int64               `yaml:"credential_cache_ttl_ms"`
-	DatabaseWaitMS       *int64               `yaml:"database_wait_ms"`
+	OverrideCacheTTLMS   *wholeNumber         `yaml:"override_cache_ttl_ms"`
+	CleanPeriodMS        *wholeNumber         `yaml:"clean_period_ms"`
+	CredentialCacheTTLMS *wholeNumber         `yaml:"credential_cache_ttl_ms"`
+	DatabaseWaitMS       *wholeNumber         `yaml:"database_wait_ms"`
 	Routes               []routeSpec          `yaml:"routes"`
 }
 
 type limitSpec struct {
-	Limit  int64  `yaml:"limit"`
-	Window string `yaml:"window"`
+	Limit  wholeNumber `yaml:"limit"`
+	Window string      `yaml:"window"`
 }
 
 type routeSpec struct {
-	Method string `yaml:"method"`
-	Path   string `yaml:"path"`
-	Bucket string `yaml:"bucket"`
-	Per    string `yaml:"per"`
-	From   string `yaml:"from"`
-	Limit  int64  `yaml:"limit"`
-	Window string `yaml:"window"`
+	Method string      `yaml:"method"`
+	Path   string      `yaml:"path"`
+	Bucket string      `yaml:"bucket"`
+	Per    string      `yaml:"per"`
+	From   string      `yaml:"from"`
+	Limit  wholeNumber `yaml:"limit"`
+	Window string      `yaml:"window"`
 }
 
+// wholeNumber is an integer in the file. yaml would silently truncate 1.5 into an
+// int64 field; this type refuses anything but an integer.
+type wholeNumber int64
+
+func (n *wholeNumber) UnmarshalYAML(v *yaml.Node) error {
+	var i int64
+	if v.Kind != yaml.ScalarNode || v.ShortTag() != "!!int" || v.Decode(&i) != nil {
+		return &yaml.TypeError{Errors: []string{fmt.Sprintf("line %d: %q is not a whole number", v.Line, v.Value)}}
+	}
+	*n = wholeNumber(i)
+	return nil
+}
+
+// maxFileSize bounds RATE_LIMIT_CONFIG.
+const maxFileSize = 1 << 20
+
 func (c *Config) readFile(r io.Reader) ([]routes.Route, error) {
-	data, err := io.ReadAll(io.LimitReader(r, 1<<20))
+	data, err := io.ReadAll(io.LimitReader(r, maxFileSize+1))
 	if err != nil {
 		return nil, err
 	}
-	var f file
+	if len(data) > maxFileSize {
+		return nil, fmt.Errorf("larger than %d bytes", maxFileSize)
+	}
+	// The document as a tree first: for its shape, and for the keys that yaml's
+	// decoding errors (which only say the line) are about.
+	var root yaml.Node
 	dec := yaml.NewDecoder(bytes.NewReader(data))
+	if err := dec.Decode(&root); err != nil && !errors.Is(err, io.EOF) {
+		return nil, err
+	}
+	if err := dec.Decode(new(yaml.Node)); !errors.Is(err, io.EOF) {
+		return nil, errors.New("holds more than one YAML document; write a single one")
+	}
+	if len(root.Content) == 1 && root.Content[0].Kind != yaml.MappingNode && root.Content[0].ShortTag() != "!!null" {
+		return nil, fmt.Errorf("line %d: the document must be a mapping of settings (limits, routes, override_cache_ttl_ms, ...)", root.Content[0].Line)
+	}
+	var f file
+	dec = yaml.NewDecoder(bytes.NewReader(data))
 	dec.KnownFields(true)
 	if err := dec.Decode(&f); err != nil && !errors.Is(err, io.EOF) {
-		return nil, err
+		return nil, namedKeys(&root, err)
 	}
 	for _, d := range []struct {
 		key string
-		v   *int64
+		v   *wholeNumber
 		dst *time.Duration
 	}{
 		{"override_cache_ttl_ms", f.OverrideCacheTTLMS, &c.OverrideTTL},
@@ -266,6 +307,68 @@ func (s routeSpec) route() (routes.Route, error) {
 	r := routes.Route{Method: s.Method, Pattern: s.Path, Steps: []routes.Step{step}}
 	_, err := routes.New([]routes.Route{r})
 	return r, err
+}
+
+// namedKeys rewrites yaml's decoding errors, "line 3: cannot unmarshal ...", to name the
+// key written on that line: "limits.upload.limit: cannot unmarshal ... (line 3)".
+func namedKeys(root *yaml.Node, err error) error {
+	var te *yaml.TypeError
+	if !errors.As(err, &te) {
+		return err
+	}
+	keys := map[int]string{}
+	var walk func(n *yaml.Node, path string)
+	walk = func(n *yaml.Node, path string) {
+		switch n.Kind {
+		case yaml.DocumentNode:
+			for _, c := range n.Content {
+				walk(c, path)
+			}
+		case yaml.SequenceNode:
+			for i, c := range n.Content {
+				walk(c, fmt.Sprintf("%s[%d]", path, i))
+			}
+		case yaml.MappingNode:
+			for i := 0; i+1 < len(n.Content); i += 2 {
+				k := n.Content[i]
+				p := k.Value
+				if path != "" {
+					p = path + "." + k.Value
+				}
+				// Keys that share a line ({limit: x, window: 1s}) share their parent.
+				if prev, ok := keys[k.Line]; ok {
+					p = commonPath(prev, p)
+				}
+				keys[k.Line] = p
+				walk(n.Content[i+1], p)
+			}
+		}
+	}
+	walk(root, "")
+	msgs := make([]string, len(te.Errors))
+	for i, m := range te.Errors {
+		msgs[i] = m
+		var line int
+		head, rest, ok := strings.Cut(m, ": ")
+		if _, err := fmt.Sscanf(head, "line %d", &line); !ok || err != nil || keys[line] == "" {
+			continue
+		}
+		if strings.HasPrefix(rest, "field ") && strings.Contains(rest, " not found in type ") {
+			rest = "unknown key"
+		}
+		msgs[i] = fmt.Sprintf("%s: %s (line %d)", keys[line], rest, line)
+	}
+	return errors.New(strings.Join(msgs, "; "))
+}
+
+// commonPath is the longest common prefix of two dotted key paths.
+func commonPath(a, b string) string {
+	as, bs := strings.Split(a, "."), strings.Split(b, ".")
+	n := 0
+	for n < len(as) && n < len(bs) && as[n] == bs[n] {
+		n++
+	}
+	return strings.Join(as[:n], ".")
 }
 
 func orDefault(v, def string) string {

@@ -119,6 +119,8 @@ func TestOverrideAppliesAtOnceAfterNotify(t *testing.T) {
 
 func TestOverrideAppliesAfterTheTTLWithoutNotify(t *testing.T) {
 	s := newStack(t, stackOptions{yaml: "override_cache_ttl_ms: 5000\n"})
+	// (Re)connecting LISTEN drops every cached override, so let it connect first.
+	s.waitListening()
 	ten := s.tenant()
 	ch := s.channel(ten.id)
 	upload := func() *authv3.CheckRequest {
@@ -151,7 +153,7 @@ func TestPostgresStoppedMidTest(t *testing.T) {
 	if err := migrations.Up(ctx, pg.URL()); err != nil {
 		t.Fatal(err)
 	}
-	s := newStack(t, stackOptions{databaseURL: pg.URL()})
+	s := newStack(t, stackOptions{databaseURL: pg.URL(), yaml: "database_wait_ms: 50\n"})
 	s.waitListening()
 	known := s.tenant()
 	if _, err := s.db.Exec(ctx, `UPDATE tenants SET limits = '{"activity_create":{"limit":5,"scale_ms":1000}}' WHERE id = $1`, known.id); err != nil {
@@ -162,6 +164,20 @@ func TestPostgresStoppedMidTest(t *testing.T) {
 		return func() *authv3.CheckRequest {
 			return request("POST", "/api/v1/conversations/c/activities", "192.0.2.1", map[string]string{"x-api-key": key})
 		}
+	}
+	// Warm the caches: with a 50 ms bound, a loaded machine may answer the first checks
+	// before the database does.
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		s.allowedInWindow(1, act(known.apiKey))
+		m := s.metrics()
+		if strings.Contains(m, `cache="api_keys",result="hit"`) && strings.Contains(m, `cache="overrides",result="hit"`) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the caches never filled")
+		}
+		time.Sleep(10 * time.Millisecond)
 	}
 	if got := s.allowedInWindow(10, act(known.apiKey)); got != 5 {
 		t.Fatalf("before the outage: %d, want the override's 5", got)
@@ -219,7 +235,7 @@ func TestPostgresStoppedMidTest(t *testing.T) {
 	if err := pg.Restart(ctx); err != nil {
 		t.Fatal(err)
 	}
-	deadline := time.Now().Add(15 * time.Second)
+	deadline = time.Now().Add(15 * time.Second)
 	for !strings.Contains(s.get("/readyz", 200), `"database":"up"`) {
 		if time.Now().After(deadline) {
 			t.Fatal("the sidecar did not notice that the database is back")

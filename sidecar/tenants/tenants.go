@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -149,7 +150,7 @@ func (d *Directory) ChannelTenant(channelID string) (string, Status) {
 	if !ids.IsUUID(channelID) {
 		return "", NotFound
 	}
-	return d.channelTenants.get(channelID)
+	return d.channelTenants.get(canonicalUUID(channelID))
 }
 
 // Overrides returns a tenant's limit overrides (empty when it has none).
@@ -157,11 +158,18 @@ func (d *Directory) Overrides(tenantID string) (buckets.Overrides, Status) {
 	if !ids.IsUUID(tenantID) {
 		return nil, NotFound
 	}
-	return d.overrides.get(tenantID)
+	return d.overrides.get(canonicalUUID(tenantID))
 }
 
 // InvalidateOverrides drops a tenant's cached overrides.
-func (d *Directory) InvalidateOverrides(tenantID string) { d.overrides.invalidate(tenantID) }
+func (d *Directory) InvalidateOverrides(tenantID string) {
+	d.overrides.invalidate(canonicalUUID(strings.TrimSpace(tenantID)))
+}
+
+// canonicalUUID is the cache key of a UUID: PostgreSQL's lower-case form, the one that
+// NOTIFY payloads carry, so that an id written in upper case shares its entry and its
+// invalidation. It does not allocate for ids that are already lower case.
+func canonicalUUID(id string) string { return strings.ToLower(id) }
 
 // Healthy reports whether the last database call succeeded.
 func (d *Directory) Healthy() bool { return d.breaker.closed() }
@@ -233,15 +241,27 @@ func (d *Directory) failed(op string, err error) {
 // that tenant's cached overrides at once. When the connection breaks it reconnects with
 // backoff and then drops every cached override, since notifications may have been missed.
 func (d *Directory) Listen(ctx context.Context) {
-	backoff := 100 * time.Millisecond
+	const firstBackoff = 100 * time.Millisecond
+	backoff := firstBackoff
+	reported := false // the current interruption has been logged
 	for ctx.Err() == nil {
 		err := d.listenOnce(ctx)
-		d.listening.Store(false)
+		if d.listening.Swap(false) {
+			// The connection was up: this is a new interruption, not one more failed
+			// attempt, so it starts again from the shortest delay and is logged.
+			backoff, reported = firstBackoff, false
+		}
 		if ctx.Err() != nil {
 			return
 		}
 		d.metrics.DBError("listen")
-		d.log.Warn("override notifications interrupted; retrying", "error", err, "retry_in", backoff)
+		// Warned once per interruption; the retries of a long outage go to debug.
+		level := slog.LevelWarn
+		if reported {
+			level = slog.LevelDebug
+		}
+		d.log.Log(ctx, level, "override notifications interrupted; retrying", "error", err, "retry_in", backoff)
+		reported = true
 		select {
 		case <-ctx.Done():
 			return
@@ -298,20 +318,29 @@ func (b *breaker) failed(err error) {
 	}
 }
 
-// probe pings the database with backoff until it answers.
+// probe pings the database with backoff until it answers. A failure that opens the
+// breaker again while the probe is on its way out (after its Ping succeeded, before it
+// cleared probing) could not start a probe of its own; the probe therefore checks the
+// breaker once more after clearing probing and carries on if it is open again, so the
+// breaker can never stay open with nothing probing.
 func (b *breaker) probe() {
-	defer b.probing.Store(false)
 	delay := 100 * time.Millisecond
-	for b.open.Load() {
-		time.Sleep(delay)
-		ctx, cancel := context.WithTimeout(context.Background(), b.d.queryTimeout)
-		err := b.d.pool.Ping(ctx)
-		cancel()
-		if err == nil {
-			b.succeeded()
+	for {
+		for b.open.Load() {
+			time.Sleep(delay)
+			ctx, cancel := context.WithTimeout(context.Background(), b.d.queryTimeout)
+			err := b.d.pool.Ping(ctx)
+			cancel()
+			if err == nil {
+				b.succeeded()
+				break
+			}
+			b.d.metrics.DBError("ping")
+			delay = min(delay*2, 2*time.Second)
+		}
+		b.probing.Store(false)
+		if !b.open.Load() || !b.probing.CompareAndSwap(false, true) {
 			return
 		}
-		b.d.metrics.DBError("ping")
-		delay = min(delay*2, 2*time.Second)
 	}
 }
