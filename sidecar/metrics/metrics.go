@@ -8,6 +8,8 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
+
+	"github.com/converger/edge/sidecar/tenants"
 )
 
 // Decisions, as the decision label of the checks counter.
@@ -94,8 +96,10 @@ func (m *Metrics) Unlimited() prometheus.Counter { return m.checks.WithLabelValu
 // ObserveCheck records how long a check took.
 func (m *Metrics) ObserveCheck(d time.Duration) { m.duration.Observe(d.Seconds()) }
 
-// Cache counts a cache lookup.
-func (m *Metrics) Cache(cache, result string) { m.cache.WithLabelValues(cache, result).Inc() }
+// CacheCounter returns the counter of a cache's lookups with a result.
+func (m *Metrics) CacheCounter(cache, result string) tenants.Counter {
+	return m.cache.WithLabelValues(cache, result)
+}
 
 // DBError counts a failed database call.
 func (m *Metrics) DBError(op string) { m.dbErrors.WithLabelValues(op).Inc() }

@@ -124,10 +124,7 @@ func Start(cfg *config.Config, o Options) (*Sidecar, error) {
 		return nil, err
 	}
 
-	s.grpc = grpc.NewServer(
-		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 5 * time.Second, PermitWithoutStream: true}),
-		grpc.MaxRecvMsgSize(1<<20),
-	)
+	s.grpc = grpc.NewServer(GRPCServerOptions()...)
 	authv3.RegisterAuthorizationServer(s.grpc, az)
 	limiterpb.RegisterLimiterServer(s.grpc, limitapi.New(s.Limiter, cfg, s.Metrics))
 	s.health = health.NewServer()
@@ -169,6 +166,15 @@ func Start(cfg *config.Config, o Options) (*Sidecar, error) {
 		"backend", cfg.Backend, "database", cfg.DatabaseURL != "", "routes", len(table.Routes()))
 	ok = true
 	return s, nil
+}
+
+// GRPCServerOptions are the options of the sidecar's gRPC server: Envoy's keepalive
+// pings are allowed, and a request is at most 1 MiB.
+func GRPCServerOptions() []grpc.ServerOption {
+	return []grpc.ServerOption{
+		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 5 * time.Second, PermitWithoutStream: true}),
+		grpc.MaxRecvMsgSize(1 << 20),
+	}
 }
 
 // Err reports a server that stopped on its own.

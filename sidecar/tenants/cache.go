@@ -2,6 +2,7 @@ package tenants
 
 import (
 	"context"
+	"math/rand/v2"
 	"sync"
 	"time"
 )
@@ -41,6 +42,11 @@ const (
 // wait; when it does not finish in time, or the database is down, the lookup decides
 // with what it has: the stale value if there is one, else Unavailable. A load that
 // finishes late still fills the cache.
+//
+// A value in use is reloaded in the background before it expires (at a random point
+// between 70% and 90% of its TTL, so that values loaded together are not reloaded
+// together): keys that keep coming never wait on the database again, and no value is
+// served older than its TTL while the database answers.
 type cache[K comparable, V any] struct {
 	name   string
 	ttl    time.Duration // of found values
@@ -49,36 +55,46 @@ type cache[K comparable, V any] struct {
 	load   func(ctx context.Context, k K) (v V, found bool, err error)
 	d      *Directory
 
-	mu sync.Mutex
+	hits, misses, fallbacks Counter
+
+	mu sync.RWMutex
 	m  map[K]*item[V]
 }
 
 type item[V any] struct {
-	val     V
-	found   bool
-	filled  bool      // a load has succeeded at least once
-	expires time.Time // when filled
-	loading chan struct{}
+	val       V
+	found     bool
+	filled    bool      // a load has succeeded at least once
+	expires   time.Time // when filled
+	refreshAt time.Time // when a lookup reloads it in the background
+	loading   chan struct{}
 }
 
 func (c *cache[K, V]) get(k K) (V, Status) {
 	now := c.d.now()
-	c.mu.Lock()
+	c.mu.RLock()
 	it := c.m[k]
 	if it != nil && it.filled && now.Before(it.expires) {
-		v, found := it.val, it.found
-		c.mu.Unlock()
-		c.d.metrics.Cache(c.name, ResultHit)
+		v, found, refresh := it.val, it.found, !now.Before(it.refreshAt) && it.loading == nil
+		c.mu.RUnlock()
+		c.hits.Inc()
+		if refresh && c.d.breaker.closed() {
+			c.mu.Lock()
+			c.startLocked(k, it)
+			c.mu.Unlock()
+		}
 		return v, status(found)
 	}
-	if it == nil {
+	c.mu.RUnlock()
+
+	c.mu.Lock()
+	if it = c.m[k]; it == nil {
 		c.evictLocked(now)
 		it = &item[V]{}
 		c.m[k] = it
 	}
-	if it.loading == nil && c.d.breaker.closed() {
-		it.loading = make(chan struct{})
-		go c.fetch(k, it)
+	if c.d.breaker.closed() {
+		c.startLocked(k, it)
 	}
 	wait := it.loading
 	c.mu.Unlock()
@@ -92,19 +108,27 @@ func (c *cache[K, V]) get(k K) (V, Status) {
 		t.Stop()
 	}
 
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if !it.filled {
-		c.d.metrics.Cache(c.name, ResultFallback)
+	c.mu.RLock()
+	defer c.mu.RUnlock()
+	switch {
+	case !it.filled:
+		c.fallbacks.Inc()
 		var zero V
 		return zero, Unavailable
-	}
-	if c.d.now().Before(it.expires) {
-		c.d.metrics.Cache(c.name, ResultMiss)
-	} else {
-		c.d.metrics.Cache(c.name, ResultFallback)
+	case c.d.now().Before(it.expires):
+		c.misses.Inc()
+	default:
+		c.fallbacks.Inc()
 	}
 	return it.val, status(it.found)
+}
+
+// startLocked starts loading k unless a load is in flight; the caller holds c.mu.
+func (c *cache[K, V]) startLocked(k K, it *item[V]) {
+	if it.loading == nil {
+		it.loading = make(chan struct{})
+		go c.fetch(k, it)
+	}
 }
 
 func status(found bool) Status {
@@ -125,7 +149,9 @@ func (c *cache[K, V]) fetch(k K, it *item[V]) {
 		if !found {
 			ttl = c.negTTL
 		}
-		it.expires = c.d.now().Add(ttl)
+		now := c.d.now()
+		it.expires = now.Add(ttl)
+		it.refreshAt = now.Add(ttl * time.Duration(70+rand.IntN(21)) / 100)
 	}
 	close(it.loading)
 	it.loading = nil

@@ -43,10 +43,19 @@ type recorder struct {
 
 func newRecorder() *recorder { return &recorder{cache: map[string]int{}, db: map[string]int{}} }
 
-func (r *recorder) Cache(cache, result string) {
-	r.mu.Lock()
-	r.cache[cache+"/"+result]++
-	r.mu.Unlock()
+func (r *recorder) CacheCounter(cache, result string) Counter {
+	return recordedCounter{r, cache + "/" + result}
+}
+
+type recordedCounter struct {
+	r   *recorder
+	key string
+}
+
+func (c recordedCounter) Inc() {
+	c.r.mu.Lock()
+	c.r.cache[c.key]++
+	c.r.mu.Unlock()
 }
 
 func (r *recorder) DBError(op string) {

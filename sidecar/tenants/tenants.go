@@ -41,9 +41,14 @@ type Channel struct {
 
 // Metrics receives the directory's events.
 type Metrics interface {
-	Cache(cache, result string)
+	// CacheCounter returns the counter of a cache's lookups with a result (hit, miss,
+	// fallback); it is asked once per cache and result.
+	CacheCounter(cache, result string) Counter
 	DBError(op string)
 }
+
+// Counter is a monotonic counter, such as a prometheus.Counter.
+type Counter interface{ Inc() }
 
 // Options tune a Directory. Zero values take the defaults.
 type Options struct {
@@ -113,7 +118,11 @@ func New(pool *pgxpool.Pool, o Options) *Directory {
 
 func newCache[K comparable, V any](d *Directory, name string, ttl, negTTL time.Duration, max int,
 	load func(context.Context, K) (V, bool, error)) *cache[K, V] {
-	return &cache[K, V]{name: name, ttl: ttl, negTTL: negTTL, max: max, load: load, d: d, m: make(map[K]*item[V])}
+	return &cache[K, V]{name: name, ttl: ttl, negTTL: negTTL, max: max, load: load, d: d, m: make(map[K]*item[V]),
+		hits:      d.metrics.CacheCounter(name, ResultHit),
+		misses:    d.metrics.CacheCounter(name, ResultMiss),
+		fallbacks: d.metrics.CacheCounter(name, ResultFallback),
+	}
 }
 
 func orDefault(v, def time.Duration) time.Duration {
@@ -125,8 +134,12 @@ func orDefault(v, def time.Duration) time.Duration {
 
 type nopMetrics struct{}
 
-func (nopMetrics) Cache(string, string) {}
-func (nopMetrics) DBError(string)       {}
+func (nopMetrics) CacheCounter(string, string) Counter { return nopCounter{} }
+func (nopMetrics) DBError(string)                      {}
+
+type nopCounter struct{}
+
+func (nopCounter) Inc() {}
 
 // TenantByAPIKey returns the tenant of a tenant API key (the current key, or the
 // previous one during its rotation grace).

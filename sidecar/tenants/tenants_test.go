@@ -217,7 +217,8 @@ func TestCachedUntilTTL(t *testing.T) {
 
 	e.exec(`UPDATE tenants SET status = 'inactive' WHERE id = $1`, id)
 	e.exec(`UPDATE channels SET status = 'inactive' WHERE id = $1`, ch)
-	e.clock.Advance(ttl - time.Millisecond)
+	// Halfway through the TTL (before the background reload starts, at 70% to 90%).
+	e.clock.Advance(ttl / 2)
 	if got, st := e.d.TenantByAPIKey(key); st != Found || !got.Active {
 		t.Errorf("within the TTL: %+v, %v; want the cached active tenant", got, st)
 	}
@@ -228,7 +229,7 @@ func TestCachedUntilTTL(t *testing.T) {
 		t.Errorf("second lookups: metrics %v, want a hit each", e.rec.cache)
 	}
 
-	e.clock.Advance(time.Millisecond)
+	e.clock.Advance(ttl / 2)
 	if got, st := e.d.TenantByAPIKey(key); st != Found || got.Active {
 		t.Errorf("after the TTL: %+v, %v; want the inactive tenant", got, st)
 	}
@@ -369,5 +370,35 @@ func TestConcurrentLookupsShareOneLoad(t *testing.T) {
 	}
 	if hits, misses := e.rec.count("api_keys", ResultHit), e.rec.count("api_keys", ResultMiss); hits+misses != n {
 		t.Errorf("metrics: %d hits + %d misses, want %d lookups in all", hits, misses, n)
+	}
+}
+
+// A value in use is reloaded in the background before it expires: lookups keep hitting
+// the cache and still see a change within the TTL.
+func TestValuesInUseAreReloadedBeforeTheyExpire(t *testing.T) {
+	const ttl = 30 * time.Second
+	e := newEnv(t, "", Options{CredentialTTL: ttl})
+	key := newKey("ck_")
+	id := e.addTenant(key)
+	if _, st := e.d.TenantByAPIKey(key); st != Found {
+		t.Fatal(st)
+	}
+	e.exec(`UPDATE tenants SET status = 'inactive' WHERE id = $1`, id)
+	e.clock.Advance(ttl * 9 / 10) // past the reload point, before the expiry
+	if got, _ := e.d.TenantByAPIKey(key); !got.Active {
+		t.Fatal("the first lookup past the reload point waited for the reload")
+	}
+	waitFor(t, 10*time.Second, "the background reload", func() bool {
+		got, st := e.d.TenantByAPIKey(key)
+		return st == Found && !got.Active
+	})
+	if n := e.rec.count("api_keys", ResultMiss); n != 1 {
+		t.Errorf("%d misses, want only the first lookup's", n)
+	}
+	// The reloaded value lives a full TTL from its reload.
+	e.clock.Advance(ttl / 2)
+	hits := e.rec.count("api_keys", ResultHit)
+	if got, _ := e.d.TenantByAPIKey(key); got.Active || e.rec.count("api_keys", ResultHit) != hits+1 {
+		t.Errorf("after the reload: %+v, want a hit on the inactive tenant", got)
 	}
 }
