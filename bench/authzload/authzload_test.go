@@ -1,0 +1,383 @@
+package authzload
+
+import (
+	"context"
+	"net"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	authv3 "github.com/envoyproxy/go-control-plane/envoy/service/auth/v3"
+	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
+	rpcstatus "google.golang.org/genproto/googleapis/rpc/status"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/converger/edge/bench/noopauthz"
+	"github.com/converger/edge/shared/clientip"
+	"github.com/converger/edge/shared/token"
+	"github.com/converger/edge/sidecar/routes"
+)
+
+func TestPercentile(t *testing.T) {
+	var lat []time.Duration
+	for i := 1; i <= 100; i++ {
+		lat = append(lat, time.Duration(i)*time.Millisecond)
+	}
+	for _, c := range []struct {
+		p    float64
+		want time.Duration
+	}{{0, 1}, {0.01, 1}, {0.5, 50}, {0.9, 90}, {0.99, 99}, {0.995, 100}, {1, 100}} {
+		if got := Percentile(lat, c.p); got != c.want*time.Millisecond {
+			t.Errorf("Percentile(1..100ms, %v) = %v, want %v", c.p, got, c.want*time.Millisecond)
+		}
+	}
+	// 1000 values: p99 is the 990th, p99.9 the 999th.
+	lat = lat[:0]
+	for i := 1; i <= 1000; i++ {
+		lat = append(lat, time.Duration(i))
+	}
+	if got := Percentile(lat, 0.99); got != 990 {
+		t.Errorf("p99 of 1..1000 = %v, want 990", got)
+	}
+	if got := Percentile(lat, 0.999); got != 999 {
+		t.Errorf("p99.9 of 1..1000 = %v, want 999", got)
+	}
+	if got := Percentile([]time.Duration{7}, 0.99); got != 7 {
+		t.Errorf("p99 of one value = %v, want 7", got)
+	}
+	if got := Percentile(nil, 0.5); got != 0 {
+		t.Errorf("p50 of nothing = %v, want 0", got)
+	}
+}
+
+func TestMedian(t *testing.T) {
+	for _, c := range []struct {
+		xs   []float64
+		want float64
+	}{{nil, 0}, {[]float64{3}, 3}, {[]float64{9, 1, 5}, 5}, {[]float64{4, 1, 3, 2}, 2.5}} {
+		in := append([]float64(nil), c.xs...)
+		if got := Median(c.xs); got != c.want {
+			t.Errorf("Median(%v) = %v, want %v", c.xs, got, c.want)
+		}
+		for i := range in {
+			if in[i] != c.xs[i] {
+				t.Errorf("Median reordered its argument: %v", c.xs)
+			}
+		}
+	}
+}
+
+func TestPopulationKeyCounts(t *testing.T) {
+	t.Parallel()
+	for _, c := range []struct {
+		n    int
+		over float64
+	}{{10_000, 0.1}, {1_234, 0.1}, {100, 0.5}, {500, 0}} {
+		p, err := NewPopulation(c.n, c.over, 7, time.Now())
+		if err != nil {
+			t.Fatalf("NewPopulation(%d, %v): %v", c.n, c.over, err)
+		}
+		if len(p.Keys) != c.n {
+			t.Errorf("NewPopulation(%d): %d keys", c.n, len(p.Keys))
+		}
+		distinct := map[string]bool{}
+		for _, k := range p.Keys {
+			distinct[k.Value] = true
+		}
+		if len(distinct) != c.n {
+			t.Errorf("NewPopulation(%d): %d distinct key values", c.n, len(distinct))
+		}
+		hot := p.HotKeys()
+		if lo, hi := int(c.over*float64(c.n))-int(numKinds), int(c.over*float64(c.n))+2*int(numKinds); hot < lo || hot > hi {
+			t.Errorf("NewPopulation(%d, %v): %d hot keys, want about %v", c.n, c.over, hot, c.over*float64(c.n))
+		}
+		for k := range numKinds {
+			if total, _ := p.KindCount(k); total == 0 {
+				t.Errorf("NewPopulation(%d): no %s", c.n, k)
+			}
+		}
+	}
+	if _, err := NewPopulation(99, 0.1, 1, time.Now()); err == nil {
+		t.Error("NewPopulation(99) should refuse so few keys")
+	}
+}
+
+// TestMix checks the pre-built requests against the sidecar's own route table and
+// identity rules: every limited route is covered, the keys are as many as asked, hot keys
+// come in bursts over their limit, and the requests look like Envoy's.
+func TestMix(t *testing.T) {
+	t.Parallel()
+	const n = 456
+	p, err := NewPopulation(n, 0.1, 3, time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := BuildMix(p, 3, time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if m.Prologue != n {
+		t.Errorf("prologue of %d requests, want %d", m.Prologue, n)
+	}
+	table, err := routes.New(routes.BuiltIn())
+	if err != nil {
+		t.Fatal(err)
+	}
+	proxies, err := clientip.Parse(TrustedProxies)
+	if err != nil {
+		t.Fatal(err)
+	}
+	hit := map[int]int{}
+	unlimited := 0
+	keys := map[string]bool{}
+	perKey := make([]int, n)
+	refreshSrc := map[string]int{}
+	for pos := range m.Len() {
+		req, err := m.Request(pos)
+		if err != nil {
+			t.Fatalf("request %d: %v", pos, err)
+		}
+		h := req.GetAttributes().GetRequest().GetHttp()
+		hd := h.GetHeaders()
+		for name := range hd {
+			if name != strings.ToLower(name) {
+				t.Fatalf("request %d: header %q is not lower case", pos, name)
+			}
+		}
+		for _, name := range []string{"x-request-id", "x-forwarded-for", "user-agent", ":path", ":method", ":authority"} {
+			if hd[name] == "" {
+				t.Fatalf("request %d (%s %s): no %s header", pos, h.GetMethod(), h.GetPath(), name)
+			}
+		}
+		if h.GetMethod() == "POST" && hd["content-type"] == "" && m.Class(pos) != cRefresh {
+			t.Fatalf("request %d (%s): no content-type", pos, h.GetPath())
+		}
+		src := req.GetAttributes().GetSource().GetAddress().GetSocketAddress()
+		if src.GetAddress() == "" || src.GetPortValue() == 0 {
+			t.Fatalf("request %d: no source socket address", pos)
+		}
+		client, ok := proxies.Resolve(src.GetAddress(), hd["x-forwarded-for"])
+		if !ok {
+			t.Fatalf("request %d: client address %q / %q does not resolve", pos, src.GetAddress(), hd["x-forwarded-for"])
+		}
+		keys[client.String()] = true
+
+		r, channelID, ok := table.Match(h.GetMethod(), h.GetPath())
+		switch {
+		case !ok:
+			unlimited++
+		case r.Core:
+			t.Fatalf("request %d: %s %s is a login route, not in the mix", pos, h.GetMethod(), h.GetPath())
+		default:
+			hit[r.Index]++
+			if channelID != "" {
+				keys[channelID] = true
+			}
+		}
+		if v := hd["x-api-key"]; v != "" {
+			keys[v] = true
+		}
+		if v, ok := strings.CutPrefix(hd["authorization"], "Bearer "); ok {
+			keys[v] = true
+		}
+		k := m.Key(pos)
+		perKey[k]++
+		if m.Class(pos) == cRefresh {
+			refreshSrc[p.Keys[k].Src]++
+		}
+		if want := classes[m.Class(pos)].Method; h.GetMethod() != want {
+			t.Fatalf("request %d: method %s, want %s", pos, h.GetMethod(), want)
+		}
+	}
+	for _, r := range table.Routes() {
+		if !r.Core && hit[r.Index] == 0 {
+			t.Errorf("limited route %s %s is not in the mix", r.Method, r.Pattern)
+		}
+	}
+	if share := float64(unlimited) / float64(m.Len()); share < 0.2 || share > 0.5 {
+		t.Errorf("unlimited requests are %.0f%% of the mix, want a realistic share (20%% to 50%%)", 100*share)
+	}
+	if len(keys) != n {
+		t.Errorf("the requests carry %d distinct keys, want %d", len(keys), n)
+	}
+	if refreshSrc[token.SrcSecret] == 0 || refreshSrc[token.SrcPublishable] == 0 {
+		t.Errorf("token refreshes by src: %v, want both secret and publishable tokens", refreshSrc)
+	}
+	for k, key := range p.Keys {
+		if perKey[k] == 0 {
+			t.Errorf("key %d (%s) is never sent", k, key.Kind)
+		}
+	}
+	// Each hot key's burst exceeds its bucket's limit; its prologue request adds one.
+	for kind := range numKinds {
+		for i, k := range p.Hot[kind] {
+			c := hotClass(kind, i)
+			if want := burstSize(c) + 1; perKey[k] < want {
+				t.Errorf("hot %s %d: %d requests, want at least %d (%s)", kind, k, perKey[k], want, classes[c].Name)
+			}
+		}
+	}
+	if m.Position(uint64(m.Len())) != m.Prologue {
+		t.Errorf("after the last request the mix goes on at %d, want the body's start %d", m.Position(uint64(m.Len())), m.Prologue)
+	}
+}
+
+func TestCheckReplyParse(t *testing.T) {
+	for _, c := range []struct {
+		name       string
+		resp       *authv3.CheckResponse
+		code, http int32
+	}{
+		{"allow", &authv3.CheckResponse{Status: &rpcstatus.Status{Code: 0}}, 0, 0},
+		{"empty", &authv3.CheckResponse{}, 0, 0},
+		{"429", &authv3.CheckResponse{
+			Status: &rpcstatus.Status{Code: 8, Message: "rate_limited"},
+			HttpResponse: &authv3.CheckResponse_DeniedResponse{DeniedResponse: &authv3.DeniedHttpResponse{
+				Status: &typev3.HttpStatus{Code: typev3.StatusCode_TooManyRequests},
+				Body:   `{"error":{"code":"rate_limited"}}`,
+			}},
+		}, 8, 429},
+		{"403", &authv3.CheckResponse{
+			Status: &rpcstatus.Status{Code: 7},
+			HttpResponse: &authv3.CheckResponse_DeniedResponse{DeniedResponse: &authv3.DeniedHttpResponse{
+				Status: &typev3.HttpStatus{Code: typev3.StatusCode_Forbidden},
+			}},
+		}, 7, 403},
+	} {
+		b, err := proto.Marshal(c.resp)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var r checkReply
+		if err := r.parse(b); err != nil {
+			t.Errorf("%s: %v", c.name, err)
+		}
+		if r.code != c.code || r.http != c.http {
+			t.Errorf("%s: parsed code %d, http %d; want %d, %d", c.name, r.code, r.http, c.code, c.http)
+		}
+	}
+	var r checkReply
+	if err := r.parse([]byte{0x0a, 0x05, 0x08}); err == nil {
+		t.Error("a truncated response should not parse")
+	}
+}
+
+// TestRawCodec sends pre-marshaled requests through gRPC to the no-op server.
+func TestRawCodec(t *testing.T) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := noopauthz.NewGRPCServer()
+	go func() { _ = s.Serve(l) }()
+	defer s.Stop()
+	conn, err := grpc.NewClient(l.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithDefaultCallOptions(grpc.ForceCodecV2(rawCodec{})))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	b, err := proto.Marshal(&authv3.CheckRequest{Attributes: &authv3.AttributeContext{Request: &authv3.AttributeContext_Request{
+		Http: &authv3.AttributeContext_HttpRequest{Method: "GET", Path: "/", Headers: map[string]string{"x-request-id": "1"}}}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	reply := checkReply{code: -1, http: -1}
+	if err := conn.Invoke(ctx, checkMethod, &rawRequest{b}, &reply); err != nil {
+		t.Fatal(err)
+	}
+	if reply.code != 0 || reply.http != 0 {
+		t.Errorf("no-op reply: code %d, http %d; want an OK", reply.code, reply.http)
+	}
+}
+
+func TestConfigValidate(t *testing.T) {
+	if err := DefaultConfig().Validate(); err != nil {
+		t.Fatalf("defaults: %v", err)
+	}
+	for name, f := range map[string]func(*Config){
+		"keys":        func(c *Config) { c.Keys = 10 },
+		"over":        func(c *Config) { c.Over = 0.9 },
+		"concurrency": func(c *Config) { c.Concurrency = 0 },
+		"conns":       func(c *Config) { c.Conns = 0 },
+		"duration":    func(c *Config) { c.Duration = time.Millisecond },
+		"rounds":      func(c *Config) { c.Rounds = 0 },
+		"too long":    func(c *Config) { c.Duration = 10 * time.Minute },
+		"max":         func(c *Config) { c.MaxRequests = 1 },
+	} {
+		c := DefaultConfig()
+		f(&c)
+		if err := c.Validate(); err == nil {
+			t.Errorf("%s: Validate accepted %+v", name, c)
+		}
+	}
+}
+
+func TestParseCounters(t *testing.T) {
+	in := `# HELP converger_sidecar_cache_lookups_total Lookups
+converger_sidecar_cache_lookups_total{cache="api_keys",result="hit"} 1234
+converger_sidecar_cache_lookups_total{cache="api_keys",result="miss"} 5
+go_goroutines 12
+converger_rate_limit_exceeded_count{bucket="inbound"} 7e+03
+`
+	got := parseCounters(strings.NewReader(in))
+	want := []Counter{
+		{`converger_sidecar_cache_lookups_total{cache="api_keys",result="hit"}`, 1234},
+		{`converger_sidecar_cache_lookups_total{cache="api_keys",result="miss"}`, 5},
+		{`converger_rate_limit_exceeded_count{bucket="inbound"}`, 7000},
+	}
+	if len(got) != len(want) {
+		t.Fatalf("parseCounters = %v, want %v", got, want)
+	}
+	for i := range want {
+		if got[i] != want[i] {
+			t.Errorf("counter %d = %v, want %v", i, got[i], want[i])
+		}
+	}
+}
+
+func TestProcessCPU(t *testing.T) {
+	before, err := processCPU(os.Getpid())
+	if err != nil {
+		t.Fatal(err)
+	}
+	self0, err := selfCPU()
+	if err != nil {
+		t.Fatal(err)
+	}
+	m0, err := machineCPU()
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Spin until this process has used 100ms of CPU (or 10s have passed, on a machine too
+	// busy to give it that).
+	x := 0
+	for start := time.Now(); time.Since(start) < 10*time.Second; x++ {
+		if x%1024 == 0 {
+			if now, _ := selfCPU(); now-self0 >= 100*time.Millisecond {
+				break
+			}
+		}
+	}
+	self1, _ := selfCPU()
+	after, _ := processCPU(os.Getpid())
+	m1, _ := machineCPU()
+	if used := self1 - self0; used < 100*time.Millisecond {
+		t.Skipf("the machine gave this test only %v of CPU in 10s", used)
+	}
+	// /proc counts in 10ms ticks.
+	if used, self := after-before, self1-self0; used < self-30*time.Millisecond || used > self+30*time.Millisecond {
+		t.Errorf("processCPU went up by %v while getrusage counted %v", used, self)
+	}
+	if used := m1 - m0; used < self1-self0-30*time.Millisecond {
+		t.Errorf("machineCPU went up by %v, less than this process alone (%v)", used, self1-self0)
+	}
+	if _, err := processCPU(-1); err == nil {
+		t.Error("processCPU(-1) should fail")
+	}
+}

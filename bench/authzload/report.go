@@ -1,0 +1,354 @@
+package authzload
+
+import (
+	"fmt"
+	"io"
+	"sort"
+	"strings"
+	"text/tabwriter"
+	"time"
+)
+
+// Report is the outcome of a load test.
+type Report struct {
+	Config    Config
+	Started   time.Time
+	GoVersion string // `go version`
+	BenchGo   string // the Go version the bench binary was built with
+	CPU       string
+	NProc     int
+	// LoadStart and LoadEnd are /proc/loadavg at the start and the end: how noisy the
+	// machine was.
+	LoadStart, LoadEnd string
+	Setup              SetupInfo
+	// Phases are the measured phases in the order they ran.
+	Phases       []PhaseResult
+	WarmupErrors int
+	// Sidecar and Noop are the medians over rounds.
+	Sidecar, Noop Summary
+	// ThroughputRatio and P99Ratio compare the medians; the Paired ratios are the medians
+	// of the per-round ratios.
+	ThroughputRatio, P99Ratio   float64
+	PairedThroughput, PairedP99 float64
+	Pass                        bool
+	// KeysDenied is the number of keys that got a 429 from the sidecar at least once in
+	// any phase; HotKeysDenied of them are hot. DeniedByKind splits them by kind, normal
+	// and hot.
+	KeysDenied, HotKeysDenied int
+	DeniedByKind              [numKinds][2]int
+	// Sent is the number of requests sent to the sidecar and the no-op, warm-ups included.
+	SentSidecar, SentNoop uint64
+	Counters              []Counter
+}
+
+// SetupInfo describes the data and the mix.
+type SetupInfo struct {
+	Postgres, Seed, Mix       time.Duration
+	Tenants, Channels         int
+	Keys, HotKeys             int
+	Kinds                     [numKinds][2]int // total and hot keys by kind
+	Requests, Prologue, Bytes int
+}
+
+// Summary is one target's figures: medians over rounds of req/s, p50 and p99, and sums
+// of the counts.
+type Summary struct {
+	Target                             string
+	RPS                                float64
+	P50, P99                           time.Duration
+	TargetCPU, GenCPU                  time.Duration // per request
+	Requests, Errors, Denied, Rejected int
+	ByClass                            [numClasses]ClassCount
+}
+
+func (r *Report) summarize() {
+	sum := func(name string) Summary {
+		s := Summary{Target: name}
+		var rps, p50, p99, tcpu, gcpu []float64
+		for _, p := range r.Phases {
+			if p.Target != name {
+				continue
+			}
+			rps = append(rps, p.RPS)
+			p50 = append(p50, float64(p.P50))
+			p99 = append(p99, float64(p.P99))
+			tcpu = append(tcpu, float64(p.TargetCPU))
+			gcpu = append(gcpu, float64(p.GenCPU))
+			s.Requests += p.Requests
+			s.Errors += p.Errors
+			s.Denied += p.Denied
+			s.Rejected += p.Rejected
+			for c := range s.ByClass {
+				s.ByClass[c].Requests += p.ByClass[c].Requests
+				s.ByClass[c].Denied += p.ByClass[c].Denied
+			}
+		}
+		s.RPS, s.P50, s.P99 = Median(rps), time.Duration(Median(p50)), time.Duration(Median(p99))
+		s.TargetCPU, s.GenCPU = time.Duration(Median(tcpu)), time.Duration(Median(gcpu))
+		return s
+	}
+	r.Sidecar, r.Noop = sum("sidecar"), sum("no-op")
+	r.ThroughputRatio = ratio(r.Sidecar.RPS, r.Noop.RPS)
+	r.P99Ratio = ratio(float64(r.Sidecar.P99), float64(r.Noop.P99))
+	var thr, p99 []float64
+	for round := 1; round <= r.Config.Rounds; round++ {
+		var s, n *PhaseResult
+		for i := range r.Phases {
+			p := &r.Phases[i]
+			if p.Round == round && p.Target == "sidecar" {
+				s = p
+			} else if p.Round == round {
+				n = p
+			}
+		}
+		if s != nil && n != nil {
+			thr = append(thr, ratio(s.RPS, n.RPS))
+			p99 = append(p99, ratio(float64(s.P99), float64(n.P99)))
+		}
+	}
+	r.PairedThroughput, r.PairedP99 = Median(thr), Median(p99)
+	r.Pass = r.ThroughputRatio >= MinThroughputRatio && r.P99Ratio <= MaxP99Ratio &&
+		r.Sidecar.Errors == 0 && r.Noop.Errors == 0 && r.WarmupErrors == 0
+}
+
+func ratio(a, b float64) float64 {
+	if b == 0 {
+		return 0
+	}
+	return a / b
+}
+
+func verdict(ok bool) string {
+	if ok {
+		return "PASS"
+	}
+	return "FAIL"
+}
+
+func pct(a, b int) float64 {
+	if b == 0 {
+		return 0
+	}
+	return 100 * float64(a) / float64(b)
+}
+
+// normalDeniedByKind lists the kinds of the normal keys that got a 429, e.g. " (3 client IP)".
+func (r *Report) normalDeniedByKind() string {
+	var parts []string
+	for k := range numKinds {
+		if n := r.DeniedByKind[k][0]; n > 0 {
+			parts = append(parts, fmt.Sprintf("%d %s", n, k))
+		}
+	}
+	if len(parts) == 0 {
+		return ""
+	}
+	return ": " + strings.Join(parts, ", ")
+}
+
+// fmtLoad prints a load in CPUs, "?" when unknown.
+func fmtLoad(l float64) string {
+	if l < 0 {
+		return "?"
+	}
+	return fmt.Sprintf("%.2f", l)
+}
+
+// fmtCPU prints a CPU time per request, "?" when unknown.
+func fmtCPU(d time.Duration) string {
+	if d <= 0 {
+		return "?"
+	}
+	return fmt.Sprintf("%.1fµs", float64(d)/1e3)
+}
+
+// fmtDur prints a latency with three significant digits.
+func fmtDur(d time.Duration) string {
+	switch {
+	case d < time.Millisecond:
+		return fmt.Sprintf("%.0fµs", float64(d)/1e3)
+	case d < 10*time.Millisecond:
+		return fmt.Sprintf("%.2fms", float64(d)/1e6)
+	case d < 100*time.Millisecond:
+		return fmt.Sprintf("%.1fms", float64(d)/1e6)
+	}
+	return fmt.Sprintf("%.0fms", float64(d)/1e6)
+}
+
+// Command is the command line that reproduces the run.
+func (r *Report) Command() string {
+	parts := []string{"go build -o bin/sidecar ./sidecar/cmd/sidecar && go build -o bin/bench ./bench/cmd/bench && ./bin/bench authz"}
+	for _, a := range r.Config.Args {
+		parts = append(parts, shellQuote(a))
+	}
+	return strings.Join(parts, " ")
+}
+
+func shellQuote(s string) string {
+	if s != "" && strings.Trim(s, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_=./:,") == "" {
+		return s
+	}
+	return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'"
+}
+
+// flagRows lists the flags and their values.
+func (r *Report) flagRows() [][2]string {
+	c := r.Config
+	return [][2]string{
+		{"-sidecar", c.Sidecar},
+		{"-keys", fmt.Sprint(c.Keys)},
+		{"-over", fmt.Sprint(c.Over)},
+		{"-concurrency", fmt.Sprint(c.Concurrency)},
+		{"-conns", fmt.Sprint(c.Conns)},
+		{"-warmup", c.Warmup.String()},
+		{"-duration", c.Duration.String()},
+		{"-rounds", fmt.Sprint(c.Rounds)},
+		{"-max-requests", fmt.Sprint(c.MaxRequests)},
+		{"-seed", fmt.Sprint(c.Seed)},
+		{"-out", c.Out},
+		{"-strict", fmt.Sprint(c.Strict)},
+	}
+}
+
+// WriteText prints the report's tables.
+func (r *Report) WriteText(w io.Writer) {
+	c := r.Config
+	fmt.Fprintf(w, "\nbench authz: %d rounds × (%v warm-up + %v measured) per target, concurrency %d over %d connections\n",
+		c.Rounds, c.Warmup, c.Duration, c.Concurrency, c.Conns)
+	fmt.Fprintf(w, "mix: %d keys (%d hot), %d pre-built requests; %s, %d CPUs, load %s → %s\n\n",
+		r.Setup.Keys, r.Setup.HotKeys, r.Setup.Requests, r.CPU, r.NProc, r.LoadStart, r.LoadEnd)
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "round\ttarget\trequests\treq/s\tp50\tp90\tp99\tp99.9\tmax\terrors\t429\trejected\tCPU/req\tgen CPU/req\tother load\t")
+	for _, p := range r.Phases {
+		capped := ""
+		if p.Capped {
+			capped = " (capped)"
+		}
+		fmt.Fprintf(tw, "%d\t%s\t%d%s\t%.0f\t%s\t%s\t%s\t%s\t%s\t%d\t%.1f%%\t%.2f%%\t%s\t%s\t%s\t\n", p.Round, p.Target, p.Requests, capped, p.RPS,
+			fmtDur(p.P50), fmtDur(p.P90), fmtDur(p.P99), fmtDur(p.P999), fmtDur(p.Max), p.Errors, pct(p.Denied, p.Requests), pct(p.Rejected, p.Requests),
+			fmtCPU(p.TargetCPU), fmtCPU(p.GenCPU), fmtLoad(p.OtherLoad))
+	}
+	for _, s := range []Summary{r.Sidecar, r.Noop} {
+		fmt.Fprintf(tw, "median\t%s\t%d\t%.0f\t%s\t\t%s\t\t\t%d\t%.1f%%\t%.2f%%\t%s\t%s\t\t\n", s.Target, s.Requests, s.RPS,
+			fmtDur(s.P50), fmtDur(s.P99), s.Errors, pct(s.Denied, s.Requests), pct(s.Rejected, s.Requests), fmtCPU(s.TargetCPU), fmtCPU(s.GenCPU))
+	}
+	tw.Flush()
+	fmt.Fprintf(w, "\nthroughput sidecar/no-op  %.3f  (target ≥ %.2f)  %s\n", r.ThroughputRatio, MinThroughputRatio, verdict(r.ThroughputRatio >= MinThroughputRatio))
+	fmt.Fprintf(w, "p99 sidecar/no-op         %.3f  (target ≤ %.2f)  %s\n", r.P99Ratio, MaxP99Ratio, verdict(r.P99Ratio <= MaxP99Ratio))
+	fmt.Fprintf(w, "paired per-round ratios (median): throughput %.3f, p99 %.3f\n", r.PairedThroughput, r.PairedP99)
+	fmt.Fprintf(w, "CPU per check (median): sidecar %s, no-op %s (%+.1f%%); load generator %s\n",
+		fmtCPU(r.Sidecar.TargetCPU), fmtCPU(r.Noop.TargetCPU), 100*(ratio(float64(r.Sidecar.TargetCPU), float64(r.Noop.TargetCPU))-1), fmtCPU(r.Noop.GenCPU))
+	fmt.Fprintf(w, "gRPC errors: %d measured, %d in warm-ups; requests sent incl. warm-ups: sidecar %d, no-op %d\n",
+		r.Sidecar.Errors+r.Noop.Errors, r.WarmupErrors, r.SentSidecar, r.SentNoop)
+	fmt.Fprintf(w, "denials by the sidecar: %.1f%% of measured requests rate limited (429), %.2f%% rejected credentials; keys denied at least once: %d of %d (%d of %d hot keys, %d normal%s)\n",
+		pct(r.Sidecar.Denied, r.Sidecar.Requests), pct(r.Sidecar.Rejected, r.Sidecar.Requests),
+		r.KeysDenied, r.Setup.Keys, r.HotKeysDenied, r.Setup.HotKeys, r.KeysDenied-r.HotKeysDenied, r.normalDeniedByKind())
+	fmt.Fprintf(w, "result: %s\n", verdict(r.Pass))
+}
+
+// Markdown renders the report for bench/results.
+func (r *Report) Markdown() string {
+	var b strings.Builder
+	c := r.Config
+	fmt.Fprintf(&b, "# Authorization load test: sidecar against a no-op server\n\n")
+	fmt.Fprintf(&b, "Written by `bench authz` on %s. **Result: %s** (throughput sidecar/no-op %.3f, target ≥ %.2f; p99 sidecar/no-op %.3f, target ≤ %.2f; %d gRPC errors).\n\n",
+		r.Started.UTC().Format("2006-01-02 15:04 UTC"), verdict(r.Pass), r.ThroughputRatio, MinThroughputRatio, r.P99Ratio, MaxP99Ratio,
+		r.Sidecar.Errors+r.Noop.Errors+r.WarmupErrors)
+
+	b.WriteString("## Result (medians over rounds)\n\n")
+	b.WriteString("| target | requests | req/s | p50 | p99 | gRPC errors | 429 | rejected credentials | CPU per check | generator CPU per check |\n|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|\n")
+	for _, s := range []Summary{r.Sidecar, r.Noop} {
+		fmt.Fprintf(&b, "| %s | %d | %.0f | %s | %s | %d | %.1f%% | %.2f%% | %s | %s |\n", s.Target, s.Requests, s.RPS, fmtDur(s.P50), fmtDur(s.P99),
+			s.Errors, pct(s.Denied, s.Requests), pct(s.Rejected, s.Requests), fmtCPU(s.TargetCPU), fmtCPU(s.GenCPU))
+	}
+	b.WriteString("\n| ratio | value | target | verdict |\n|---|--:|--:|---|\n")
+	fmt.Fprintf(&b, "| throughput sidecar/no-op | %.3f | ≥ %.2f | %s |\n", r.ThroughputRatio, MinThroughputRatio, verdict(r.ThroughputRatio >= MinThroughputRatio))
+	fmt.Fprintf(&b, "| p99 sidecar/no-op | %.3f | ≤ %.2f | %s |\n", r.P99Ratio, MaxP99Ratio, verdict(r.P99Ratio <= MaxP99Ratio))
+	fmt.Fprintf(&b, "\nMedians of the per-round ratios (each round's sidecar phase against the same round's no-op phase): throughput %.3f, p99 %.3f.\n",
+		r.PairedThroughput, r.PairedP99)
+	fmt.Fprintf(&b, "\nCPU per check is the CPU time (user + system) of the target's process during its measured phases divided by the requests answered: the sidecar costs %+.1f%% of the no-op's. The load generator shares the machine, so a target's throughput follows its CPU per check.\n\n",
+		100*(ratio(float64(r.Sidecar.TargetCPU), float64(r.Noop.TargetCPU))-1))
+
+	b.WriteString("## Rounds\n\n| round | target | requests | req/s | p50 | p90 | p99 | p99.9 | max | errors | 429 | CPU/req | generator CPU/req | other load |\n|--:|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|\n")
+	for _, p := range r.Phases {
+		capped := ""
+		if p.Capped {
+			capped = " (capped)"
+		}
+		fmt.Fprintf(&b, "| %d | %s | %d%s | %.0f | %s | %s | %s | %s | %s | %d | %.1f%% | %s | %s | %s |\n", p.Round, p.Target, p.Requests, capped, p.RPS,
+			fmtDur(p.P50), fmtDur(p.P90), fmtDur(p.P99), fmtDur(p.P999), fmtDur(p.Max), p.Errors, pct(p.Denied, p.Requests), fmtCPU(p.TargetCPU), fmtCPU(p.GenCPU), fmtLoad(p.OtherLoad))
+	}
+	fmt.Fprintf(&b, "\nOther load is the CPU the rest of the machine used during the phase (other processes, and kernel work charged to none), in CPUs of the %d: on a shared machine, phases with more of it are slower for reasons outside the targets.\n", r.NProc)
+	fmt.Fprintf(&b, "\nRequests sent including warm-ups: sidecar %d, no-op %d.\n", r.SentSidecar, r.SentNoop)
+	for _, p := range r.Phases {
+		if p.FirstErr != "" {
+			fmt.Fprintf(&b, "\nFirst gRPC error of round %d, %s: `%s`\n", p.Round, p.Target, p.FirstErr)
+		}
+	}
+
+	b.WriteString("\n## Mix\n\n")
+	fmt.Fprintf(&b, "%d distinct keys, %d of them hot (driven over their limit in bursts); %d tenants and %d channels in PostgreSQL; %d pre-built requests (%.0f MB): a prologue of %d that sends every key once, then a body that repeats.\n\n",
+		r.Setup.Keys, r.Setup.HotKeys, r.Setup.Tenants, r.Setup.Channels, r.Setup.Requests, float64(r.Setup.Bytes)/1e6, r.Setup.Prologue)
+	b.WriteString("| key kind | keys | hot |\n|---|--:|--:|\n")
+	for k := range numKinds {
+		fmt.Fprintf(&b, "| %s | %d | %d |\n", k, r.Setup.Kinds[k][0], r.Setup.Kinds[k][1])
+	}
+	b.WriteString("\nMeasured requests by class, and the sidecar's 429s:\n\n| request | route | first bucket | share | 429 on the sidecar |\n|---|---|---|--:|--:|\n")
+	for c := range numClasses {
+		cl := classes[c]
+		cc := r.Sidecar.ByClass[c]
+		route, bucket := cl.Pattern, cl.Bucket
+		if route == "" {
+			route, bucket = "(not limited)", "—"
+		}
+		fmt.Fprintf(&b, "| %s | `%s %s` | %s | %.1f%% | %.1f%% |\n", cl.Name, cl.Method, route, bucket, pct(cc.Requests, r.Sidecar.Requests), pct(cc.Denied, cc.Requests))
+	}
+	fmt.Fprintf(&b, "\nKeys that got a 429 at least once (any phase): %d of %d — %d of the %d hot keys and %d normal keys%s.\n",
+		r.KeysDenied, r.Setup.Keys, r.HotKeysDenied, r.Setup.HotKeys, r.KeysDenied-r.HotKeysDenied, r.normalDeniedByKind())
+
+	if len(r.Counters) > 0 {
+		b.WriteString("\n## Sidecar counters at the end\n\n| metric | value |\n|---|--:|\n")
+		cs := append([]Counter(nil), r.Counters...)
+		sort.Slice(cs, func(i, j int) bool { return cs[i].Name < cs[j].Name })
+		for _, ct := range cs {
+			fmt.Fprintf(&b, "| `%s` | %.0f |\n", ct.Name, ct.Value)
+		}
+	}
+
+	b.WriteString("\n## Environment\n\n")
+	fmt.Fprintf(&b, "- date: %s\n- go version: `%s` (bench built with %s)\n- CPU: %s, nproc %d\n- load average at start / end: %s / %s\n",
+		r.Started.UTC().Format(time.RFC3339), r.GoVersion, r.BenchGo, r.CPU, r.NProc, r.LoadStart, r.LoadEnd)
+	fmt.Fprintf(&b, "- setup: PostgreSQL started and migrated in %v, seeded in %v, mix built in %v\n",
+		r.Setup.Postgres.Round(time.Millisecond), r.Setup.Seed.Round(time.Millisecond), r.Setup.Mix.Round(time.Millisecond))
+
+	b.WriteString("\n## Flags\n\n| flag | value |\n|---|---|\n")
+	for _, f := range r.flagRows() {
+		fmt.Fprintf(&b, "| `%s` | `%s` |\n", f[0], f[1])
+	}
+	fmt.Fprintf(&b, "\n## Reproduce\n\n```sh\n%s\n```\n", r.Command())
+
+	fmt.Fprintf(&b, `
+## Method
+
+- Both targets are separate processes on loopback, started by the load test: `+"`bin/sidecar`"+` with a throwaway
+  PostgreSQL (seeded with COPY), TOKEN_VERIFY_KEYS, TRUSTED_PROXIES=%s and LOG_LEVEL=warn; and
+  `+"`bin/bench noop-authz`"+`, a gRPC server with the sidecar's server options whose Check returns OK.
+- Requests are built and marshaled before measuring, as Envoy sends them (source = the load balancer,
+  client in x-forwarded-for, lower-case headers with the credential, x-request-id, user-agent,
+  content-type), and sent as they are, so the generator does the same work for both targets.
+- Closed loop: %d workers, each sending its next request when the previous one is answered, over %d
+  connections per target (round robin). Each target keeps its own position in the request sequence.
+- Rounds alternate the order of the targets (round 1: sidecar first, round 2: no-op first, …). Each
+  phase is a %v unmeasured warm-up (the first one lasts at least until every key has been sent once,
+  so that the sidecar's caches are filled), then %v measured (at most %d requests). Latency is
+  measured per request around the gRPC call; p50/p99 are exact (all latencies sorted, nearest rank).
+- Throughput and p99 are the medians over rounds; the verdict compares them with the no-op's.
+- CPU per check is read from /proc for each target process (and getrusage for the generator) around
+  each measured phase. The targets and the generator share the machine's CPUs, so the throughput
+  ratio follows (generator + no-op CPU) / (generator + sidecar CPU) per check; CPU per check is the
+  steadier figure when other processes load the machine ("other load").
+- The sidecar's limits are the built-in defaults; hot keys get one burst per pass over the body
+  (1.5× a one-second bucket's limit, twice a longer bucket's), at half the requests of its span.
+`, TrustedProxies, c.Concurrency, c.Conns, c.Warmup, c.Duration, c.MaxRequests)
+	return b.String()
+}

@@ -1,0 +1,303 @@
+package authzload
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/converger/edge/core/migrations"
+	"github.com/converger/edge/shared/pgserver"
+)
+
+// Run runs the load test: setup, the alternating rounds, the report on stdout and in
+// cfg.Out. Progress goes to stderr. Every process it starts is stopped before it returns,
+// also on error and when ctx ends (Ctrl-C).
+func Run(ctx context.Context, cfg Config, stdout, stderr io.Writer) (rep *Report, err error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	logf := func(format string, args ...any) { fmt.Fprintf(stderr, "bench authz: "+format+"\n", args...) }
+	root := repoRoot()
+	sidecarBin, err := findSidecar(root, cfg.Sidecar)
+	if err != nil {
+		return nil, err
+	}
+	rep = &Report{Config: cfg, Started: time.Now(), CPU: cpuModel(), NProc: runtime.NumCPU(),
+		GoVersion: goVersion(ctx), BenchGo: runtime.Version(), LoadStart: loadAvg()}
+
+	// PostgreSQL, schema and data.
+	t0 := time.Now()
+	pg, err := pgserver.Start(ctx, pgserver.Options{})
+	if err != nil {
+		return nil, err
+	}
+	defer func() {
+		if stopErr := pg.Stop(); stopErr != nil && err == nil {
+			err = stopErr
+		}
+	}()
+	if err := migrations.Up(ctx, pg.URL()); err != nil {
+		return nil, err
+	}
+	rep.Setup.Postgres = time.Since(t0)
+	t0 = time.Now()
+	pop, err := NewPopulation(cfg.Keys, cfg.Over, cfg.Seed, time.Now())
+	if err != nil {
+		return nil, err
+	}
+	if err := Seed(ctx, pg.URL(), pop); err != nil {
+		return nil, err
+	}
+	rep.Setup.Seed = time.Since(t0)
+	t0 = time.Now()
+	mix, err := BuildMix(pop, cfg.Seed, time.Now())
+	if err != nil {
+		return nil, err
+	}
+	rep.Setup.Mix = time.Since(t0)
+	rep.Setup.Tenants, rep.Setup.Channels, rep.Setup.Keys, rep.Setup.HotKeys = len(pop.Tenants), len(pop.Channels), len(pop.Keys), pop.HotKeys()
+	rep.Setup.Requests, rep.Setup.Prologue, rep.Setup.Bytes = mix.Len(), mix.Prologue, mix.Size()
+	for k := range numKinds {
+		rep.Setup.Kinds[k][0], rep.Setup.Kinds[k][1] = pop.KindCount(k)
+	}
+	logf("PostgreSQL ready in %v; seeded %d tenants and %d channels, issued %d tokens in %v; built %d requests (%.0f MB) in %v",
+		rep.Setup.Postgres.Round(time.Millisecond), len(pop.Tenants), len(pop.Channels), len(pop.Normal[KindToken])+len(pop.Hot[KindToken]),
+		rep.Setup.Seed.Round(time.Millisecond), mix.Len(), float64(mix.Size())/1e6, rep.Setup.Mix.Round(time.Millisecond))
+
+	// The two targets, each a separate process.
+	sc, scAddr, scHTTP, err := startSidecar(ctx, sidecarBin, pg.URL(), pop.TokenVerifyKey, stderr)
+	if err != nil {
+		return nil, err
+	}
+	defer sc.stop()
+	noop, noopAddr, err := startNoop(ctx, stderr)
+	if err != nil {
+		return nil, err
+	}
+	defer noop.stop()
+	sidecar := &target{name: "sidecar", addr: scAddr, proc: sc, deniedKeys: make([]bool, len(pop.Keys))}
+	noopT := &target{name: "no-op", addr: noopAddr, proc: noop, deniedKeys: make([]bool, len(pop.Keys))}
+	for _, t := range []*target{sidecar, noopT} {
+		defer t.close()
+		if err := t.dial(ctx, cfg.Conns); err != nil {
+			return nil, err
+		}
+	}
+	logf("sidecar %s (%s) and no-op server %s ready; %d rounds of %v warm-up + %v measured per target",
+		scAddr, sidecarBin, noopAddr, cfg.Rounds, cfg.Warmup, cfg.Duration)
+
+	r := newRunner(mix, cfg.Concurrency, cfg.MaxRequests)
+	for round := 1; round <= cfg.Rounds; round++ {
+		order := []*target{sidecar, noopT}
+		if round%2 == 0 {
+			order[0], order[1] = order[1], order[0]
+		}
+		for _, t := range order {
+			if cfg.Warmup > 0 {
+				w := r.phase(ctx, t, cfg.Warmup, false)
+				// The first warm-up goes on until the prologue, every key once, has been
+				// sent, so that the sidecar's caches hold every key before measuring.
+				for limit := time.Now().Add(time.Minute); t.sent.Load() < uint64(mix.Prologue) && time.Now().Before(limit) && ctx.Err() == nil; {
+					more := r.phase(ctx, t, cfg.Warmup/4+10*time.Millisecond, false)
+					w.Errors += more.Errors
+					if w.FirstErr == "" {
+						w.FirstErr = more.FirstErr
+					}
+				}
+				rep.WarmupErrors += w.Errors
+				if w.Errors > 0 {
+					logf("round %d %s warm-up: %d gRPC errors, first: %s", round, t.name, w.Errors, w.FirstErr)
+				}
+			}
+			if err := phaseErr(ctx, t); err != nil {
+				return nil, err
+			}
+			res := r.phase(ctx, t, cfg.Duration, true)
+			if err := phaseErr(ctx, t); err != nil {
+				return nil, err
+			}
+			res.Round = round
+			rep.Phases = append(rep.Phases, res)
+			logf("round %d %-7s %8.0f req/s  p50 %v  p99 %v  errors %d  429 %.1f%%  CPU/req %s (generator %s)",
+				round, t.name, res.RPS, fmtDur(res.P50), fmtDur(res.P99), res.Errors, pct(res.Denied, res.Requests), fmtCPU(res.TargetCPU), fmtCPU(res.GenCPU))
+			if res.Errors > 0 {
+				logf("round %d %s: first gRPC error: %s", round, t.name, res.FirstErr)
+			}
+		}
+	}
+	rep.LoadEnd = loadAvg()
+	for k, d := range sidecar.deniedKeys {
+		if !d {
+			continue
+		}
+		rep.KeysDenied++
+		if pop.Keys[k].Hot {
+			rep.HotKeysDenied++
+			rep.DeniedByKind[pop.Keys[k].Kind][1]++
+		} else {
+			rep.DeniedByKind[pop.Keys[k].Kind][0]++
+		}
+	}
+	rep.SentSidecar, rep.SentNoop = sidecar.sent.Load(), noopT.sent.Load()
+	rep.Counters = scrapeCounters(ctx, "http://"+scHTTP+"/metrics")
+	rep.summarize()
+
+	rep.WriteText(stdout)
+	if cfg.Out != "" {
+		out := cfg.Out
+		if !filepath.IsAbs(out) {
+			out = filepath.Join(root, out)
+		}
+		if err := os.MkdirAll(filepath.Dir(out), 0o755); err != nil {
+			return rep, err
+		}
+		if err := os.WriteFile(out, []byte(rep.Markdown()), 0o644); err != nil {
+			return rep, err
+		}
+		logf("report written to %s", out)
+	}
+	return rep, nil
+}
+
+// phaseErr reports an interruption or a target that died.
+func phaseErr(ctx context.Context, t *target) error {
+	if err := ctx.Err(); err != nil {
+		return fmt.Errorf("interrupted: %w", err)
+	}
+	return t.proc.exited()
+}
+
+// repoRoot returns the directory of this module's go.mod above the working directory, or
+// the working directory.
+func repoRoot() string {
+	wd, err := os.Getwd()
+	if err != nil {
+		return "."
+	}
+	for d := wd; ; d = filepath.Dir(d) {
+		if b, err := os.ReadFile(filepath.Join(d, "go.mod")); err == nil && strings.Contains(string(b), "module github.com/converger/edge\n") {
+			return d
+		}
+		if d == filepath.Dir(d) {
+			return wd
+		}
+	}
+}
+
+// findSidecar resolves the sidecar binary: absolute, or relative to the repository root,
+// then to the working directory.
+func findSidecar(root, bin string) (string, error) {
+	cands := []string{bin}
+	if !filepath.IsAbs(bin) {
+		cands = []string{filepath.Join(root, bin), bin}
+	}
+	for _, c := range cands {
+		if fi, err := os.Stat(c); err == nil && !fi.IsDir() && fi.Mode()&0o111 != 0 {
+			return filepath.Abs(c)
+		}
+	}
+	return "", fmt.Errorf("-sidecar %s: no executable there; build it with `go build -o bin/sidecar ./sidecar/cmd/sidecar`", bin)
+}
+
+func goVersion(ctx context.Context) string {
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	out, err := exec.CommandContext(ctx, "go", "version").Output()
+	if err != nil {
+		return "unknown (go not on PATH; the bench was built with " + runtime.Version() + ")"
+	}
+	return strings.TrimSpace(string(out))
+}
+
+func cpuModel() string {
+	f, err := os.Open("/proc/cpuinfo")
+	if err != nil {
+		return "unknown"
+	}
+	defer f.Close()
+	s := bufio.NewScanner(f)
+	for s.Scan() {
+		if k, v, ok := strings.Cut(s.Text(), ":"); ok && strings.TrimSpace(k) == "model name" {
+			return strings.TrimSpace(v)
+		}
+	}
+	return "unknown"
+}
+
+func loadAvg() string {
+	b, err := os.ReadFile("/proc/loadavg")
+	if err != nil {
+		return "unknown"
+	}
+	f := strings.Fields(string(b))
+	if len(f) < 3 {
+		return "unknown"
+	}
+	return strings.Join(f[:3], " ")
+}
+
+// counterPrefixes are the sidecar metrics the report shows.
+var counterPrefixes = []string{
+	"converger_sidecar_cache_lookups_total{",
+	"converger_sidecar_db_errors_total{",
+	"converger_rate_limit_exceeded_count{",
+	"converger_sidecar_checks_total{",
+}
+
+// scrapeCounters reads selected counters from the sidecar's /metrics; nil when it cannot.
+func scrapeCounters(ctx context.Context, url string) []Counter {
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		return nil
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return nil
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return nil
+	}
+	return parseCounters(resp.Body)
+}
+
+// Counter is one sample of the sidecar's metrics.
+type Counter struct {
+	Name  string // with labels
+	Value float64
+}
+
+func parseCounters(r io.Reader) []Counter {
+	var out []Counter
+	s := bufio.NewScanner(r)
+	s.Buffer(make([]byte, 64<<10), 1<<20)
+	for s.Scan() {
+		line := s.Text()
+		for _, p := range counterPrefixes {
+			if !strings.HasPrefix(line, p) {
+				continue
+			}
+			i := strings.LastIndexByte(line, ' ')
+			if i < 0 {
+				continue
+			}
+			v, err := strconv.ParseFloat(line[i+1:], 64)
+			if err != nil {
+				continue
+			}
+			out = append(out, Counter{Name: line[:i], Value: v})
+		}
+	}
+	return out
+}

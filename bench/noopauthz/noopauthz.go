@@ -1,0 +1,76 @@
+// Package noopauthz is a no-op envoy.service.auth.v3.Authorization server: it allows every
+// Check at once. The authz load test measures the sidecar against it, as the floor of gRPC cost.
+package noopauthz
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"time"
+
+	authv3 "github.com/envoyproxy/go-control-plane/envoy/service/auth/v3"
+	rpcstatus "google.golang.org/genproto/googleapis/rpc/status"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/health"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/reflection"
+
+	"github.com/converger/edge/sidecar/service"
+)
+
+// Server answers every Check with OK and does nothing else.
+type Server struct {
+	authv3.UnimplementedAuthorizationServer
+}
+
+// Check allows the request. The response is built per call, as the sidecar builds its
+// allow answer.
+func (Server) Check(context.Context, *authv3.CheckRequest) (*authv3.CheckResponse, error) {
+	return &authv3.CheckResponse{Status: &rpcstatus.Status{Code: int32(codes.OK)}}, nil
+}
+
+// NewGRPCServer returns a gRPC server with the sidecar's options and services: the no-op
+// Authorization, health and reflection.
+func NewGRPCServer() *grpc.Server {
+	s := grpc.NewServer(service.GRPCServerOptions()...)
+	authv3.RegisterAuthorizationServer(s, Server{})
+	h := health.NewServer()
+	h.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
+	h.SetServingStatus(authv3.Authorization_ServiceDesc.ServiceName, healthpb.HealthCheckResponse_SERVING)
+	healthpb.RegisterHealthServer(s, h)
+	reflection.Register(s)
+	return s
+}
+
+// Serve listens on addr (host:port; port 0 picks a free one), calls ready with the address
+// actually listened on, and serves until ctx ends.
+func Serve(ctx context.Context, addr string, ready func(net.Addr)) error {
+	l, err := net.Listen("tcp", addr)
+	if err != nil {
+		return fmt.Errorf("noop-authz: %w", err)
+	}
+	s := NewGRPCServer()
+	errc := make(chan error, 1)
+	go func() { errc <- s.Serve(l) }()
+	if ready != nil {
+		ready(l.Addr())
+	}
+	select {
+	case err := <-errc:
+		return fmt.Errorf("noop-authz: %w", err)
+	case <-ctx.Done():
+	}
+	done := make(chan struct{})
+	go func() { s.GracefulStop(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(5 * time.Second):
+		s.Stop()
+	}
+	if err := <-errc; err != nil && !errors.Is(err, grpc.ErrServerStopped) {
+		return fmt.Errorf("noop-authz: %w", err)
+	}
+	return nil
+}

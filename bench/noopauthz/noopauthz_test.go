@@ -1,0 +1,55 @@
+package noopauthz
+
+import (
+	"context"
+	"net"
+	"testing"
+	"time"
+
+	authv3 "github.com/envoyproxy/go-control-plane/envoy/service/auth/v3"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+)
+
+func TestServeAllowsAndStops(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	addrc := make(chan net.Addr, 1)
+	errc := make(chan error, 1)
+	go func() { errc <- Serve(ctx, "127.0.0.1:0", func(a net.Addr) { addrc <- a }) }()
+	var addr net.Addr
+	select {
+	case addr = <-addrc:
+	case err := <-errc:
+		t.Fatalf("Serve: %v", err)
+	case <-time.After(5 * time.Second):
+		t.Fatal("Serve did not report its address")
+	}
+
+	conn, err := grpc.NewClient(addr.String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	cctx, ccancel := context.WithTimeout(ctx, 5*time.Second)
+	defer ccancel()
+	resp, err := authv3.NewAuthorizationClient(conn).Check(cctx, &authv3.CheckRequest{Attributes: &authv3.AttributeContext{
+		Request: &authv3.AttributeContext_Request{Http: &authv3.AttributeContext_HttpRequest{Method: "POST", Path: "/api/v1/tokens"}},
+	}})
+	if err != nil {
+		t.Fatalf("Check: %v", err)
+	}
+	if resp.GetStatus() == nil || resp.GetStatus().GetCode() != 0 || resp.GetDeniedResponse() != nil {
+		t.Errorf("Check = %v, want an OK status and no denial", resp)
+	}
+
+	cancel()
+	select {
+	case err := <-errc:
+		if err != nil {
+			t.Errorf("Serve after cancel: %v", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("Serve did not return after its context ended")
+	}
+}
