@@ -18,6 +18,7 @@ import (
 
 	"github.com/converger/edge/shared/apierror"
 	"github.com/converger/edge/shared/buckets"
+	"github.com/converger/edge/shared/token"
 	"github.com/converger/edge/sidecar/identity"
 	"github.com/converger/edge/sidecar/limiter"
 	"github.com/converger/edge/sidecar/metrics"
@@ -123,7 +124,7 @@ func (s *Server) check(req *authv3.CheckRequest) *authv3.CheckResponse {
 			return deny(*rejected, codes.PermissionDenied, nil, r.Header("x-request-id"), nil)
 		}
 		c := &st.main
-		if id.Src == "publishable" && st.publishable.name != "" {
+		if id.Src == token.SrcPublishable && st.publishable.name != "" {
 			c = &st.publishable
 		}
 		res := s.limiter.Check(limiter.Key{Bucket: c.id, ID: id.ID}, 1, s.limit(c, id.TenantID))
