@@ -37,7 +37,7 @@ func newServer(tb testing.TB) (*Server, *token.Signer) {
 		tb.Fatal(err)
 	}
 	ips, _ := clientip.Parse("10.0.0.0/8")
-	s, err := New(table, identity.New(nil, identity.NewTokenCache(v, 0), ips), limiter.New(nil), defaults{}, nil, metrics.New())
+	s, err := New(table, identity.New(nil, identity.NewTokenCache(v, 0), ips), limiter.New(limiter.Options{}), defaults{}, nil, metrics.New())
 	if err != nil {
 		tb.Fatal(err)
 	}

@@ -4,6 +4,7 @@ package config
 
 import (
 	"bytes"
+	"encoding/base64"
 	"errors"
 	"fmt"
 	"io"
@@ -29,8 +30,15 @@ type Config struct {
 	GRPCAddr     string // SIDECAR_GRPC_ADDR
 	HTTPAddr     string // SIDECAR_HTTP_ADDR
 	DatabaseURL  string // DATABASE_URL; "" runs without a database
-	Backend      string // RATE_LIMIT_BACKEND: "local" (one node)
+	Backend      string // RATE_LIMIT_BACKEND: "local" or "cluster"
 	SyncInterval time.Duration
+	// ShareMode (RATE_LIMIT_SHARE_MODE) bounds each node to its share of a nearly
+	// used-up budget in a cluster.
+	ShareMode bool
+	Cluster   Cluster
+	// ClockOffset shifts the sidecar's wall clock (SIDECAR_TEST_CLOCK_OFFSET_MS): a test
+	// hook for a node whose clock is off.
+	ClockOffset time.Duration
 	// TrustedProxies resolves client addresses (TRUSTED_PROXIES).
 	TrustedProxies *clientip.Resolver
 	// Verifier checks Converger tokens (TOKEN_VERIFY_KEYS); nil rejects every token.
@@ -48,10 +56,23 @@ type Config struct {
 	Routes []routes.Route
 }
 
+// Cluster is the membership configuration (CLUSTER_*), used by the cluster backend.
+type Cluster struct {
+	Strategy      string   // CLUSTER_STRATEGY: none, static or dns
+	Join          []string // CLUSTER_JOIN
+	DNSName       string   // CLUSTER_DNS_NAME
+	BindAddr      string   // CLUSTER_BIND_ADDR
+	AdvertiseAddr string   // CLUSTER_ADVERTISE_ADDR
+	NodeName      string   // CLUSTER_NODE_NAME
+	SecretKey     []byte   // CLUSTER_SECRET_KEY (decoded)
+	Insecure      bool     // CLUSTER_INSECURE
+}
+
 // Defaults.
 const (
 	DefaultGRPCAddr = "127.0.0.1:8081"
 	DefaultHTTPAddr = "127.0.0.1:8082"
+	DefaultBindAddr = "127.0.0.1:7946"
 )
 
 // Load reads the configuration through getenv (os.Getenv in main).
@@ -82,17 +103,8 @@ func Load(getenv func(string) string) (*Config, error) {
 		}
 	}
 
-	strategy := orDefault(getenv("CLUSTER_STRATEGY"), "none")
-	if strategy != "none" {
-		return nil, fmt.Errorf("CLUSTER_STRATEGY=%q: this version runs one node only; use none", strategy)
-	}
-	switch b := orDefault(getenv("RATE_LIMIT_BACKEND"), "local"); b {
-	case "local":
-		c.Backend = b
-	case "cluster":
-		return nil, fmt.Errorf("RATE_LIMIT_BACKEND=cluster needs a cluster (CLUSTER_STRATEGY), which this version does not run; use local")
-	default:
-		return nil, fmt.Errorf("RATE_LIMIT_BACKEND=%q: must be local or cluster", b)
+	if err := c.loadCluster(getenv); err != nil {
+		return nil, err
 	}
 	if v := getenv("RATE_LIMIT_SYNC_INTERVAL_MS"); v != "" {
 		ms, err := positiveMS(v, math.MaxInt32)
@@ -140,6 +152,95 @@ func Load(getenv func(string) string) (*Config, error) {
 		return nil, fmt.Errorf("RATE_LIMIT_CONFIG: %w", err)
 	}
 	return c, nil
+}
+
+func (c *Config) loadCluster(getenv func(string) string) error {
+	cl := &c.Cluster
+	cl.Strategy = orDefault(getenv("CLUSTER_STRATEGY"), "none")
+	switch cl.Strategy {
+	case "none":
+	case "static":
+		for _, p := range strings.FieldsFunc(getenv("CLUSTER_JOIN"), func(r rune) bool { return r == ',' || r == ' ' }) {
+			if err := checkAddr(p); err != nil {
+				return fmt.Errorf("CLUSTER_JOIN: %q %w", p, err)
+			}
+			cl.Join = append(cl.Join, p)
+		}
+		if len(cl.Join) == 0 {
+			return errors.New("CLUSTER_STRATEGY=static needs CLUSTER_JOIN=host:port,... (the list may name this node too)")
+		}
+	case "dns":
+		if cl.DNSName = strings.TrimSpace(getenv("CLUSTER_DNS_NAME")); cl.DNSName == "" {
+			return errors.New("CLUSTER_STRATEGY=dns needs CLUSTER_DNS_NAME (e.g. a Kubernetes headless service)")
+		}
+	default:
+		return fmt.Errorf("CLUSTER_STRATEGY=%q: must be none, static or dns", cl.Strategy)
+	}
+	cl.BindAddr = orDefault(getenv("CLUSTER_BIND_ADDR"), DefaultBindAddr)
+	if err := checkAddr(cl.BindAddr); err != nil {
+		return fmt.Errorf("CLUSTER_BIND_ADDR=%q: %w", cl.BindAddr, err)
+	}
+	if cl.AdvertiseAddr = strings.TrimSpace(getenv("CLUSTER_ADVERTISE_ADDR")); cl.AdvertiseAddr != "" {
+		if err := checkAddr(cl.AdvertiseAddr); err != nil {
+			return fmt.Errorf("CLUSTER_ADVERTISE_ADDR=%q: %w", cl.AdvertiseAddr, err)
+		}
+	}
+	cl.NodeName = strings.TrimSpace(getenv("CLUSTER_NODE_NAME"))
+	if len(cl.NodeName) > 128 || strings.ContainsAny(cl.NodeName, "# \t\n") {
+		return fmt.Errorf("CLUSTER_NODE_NAME=%q: at most 128 characters, no spaces or #", cl.NodeName)
+	}
+	if v := strings.TrimSpace(getenv("CLUSTER_SECRET_KEY")); v != "" {
+		key, err := base64.StdEncoding.DecodeString(v)
+		if err != nil || (len(key) != 16 && len(key) != 24 && len(key) != 32) {
+			return errors.New("CLUSTER_SECRET_KEY: must be the base64 of a 16, 24 or 32-byte key (e.g. head -c 32 /dev/urandom | base64)")
+		}
+		cl.SecretKey = key
+	}
+	var err error
+	if cl.Insecure, err = boolVar(getenv, "CLUSTER_INSECURE", false); err != nil {
+		return err
+	}
+
+	def := "local"
+	if cl.Strategy != "none" {
+		def = "cluster"
+	}
+	switch c.Backend = orDefault(getenv("RATE_LIMIT_BACKEND"), def); c.Backend {
+	case "local":
+	case "cluster":
+		if cl.Strategy == "none" {
+			return errors.New("RATE_LIMIT_BACKEND=cluster needs CLUSTER_STRATEGY=static or dns")
+		}
+		if cl.SecretKey == nil && !cl.Insecure {
+			return errors.New("CLUSTER_SECRET_KEY is required to run a cluster (or set CLUSTER_INSECURE=true to send cluster traffic in clear)")
+		}
+	default:
+		return fmt.Errorf("RATE_LIMIT_BACKEND=%q: must be local or cluster", c.Backend)
+	}
+	if c.ShareMode, err = boolVar(getenv, "RATE_LIMIT_SHARE_MODE", true); err != nil {
+		return err
+	}
+	if v := strings.TrimSpace(getenv("SIDECAR_TEST_CLOCK_OFFSET_MS")); v != "" {
+		ms, err := strconv.ParseInt(v, 10, 64)
+		if err != nil || ms < -86_400_000 || ms > 86_400_000 {
+			return fmt.Errorf("SIDECAR_TEST_CLOCK_OFFSET_MS=%q: must be whole milliseconds within a day", v)
+		}
+		c.ClockOffset = time.Duration(ms) * time.Millisecond
+	}
+	return nil
+}
+
+func boolVar(getenv func(string) string, name string, def bool) (bool, error) {
+	switch v := strings.ToLower(strings.TrimSpace(getenv(name))); v {
+	case "":
+		return def, nil
+	case "true", "1", "yes", "on":
+		return true, nil
+	case "false", "0", "no", "off":
+		return false, nil
+	default:
+		return false, fmt.Errorf("%s=%q: must be true or false", name, v)
+	}
 }
 
 // BaseLimit resolves a bucket's limit without tenant overrides: the installation config,

@@ -1,5 +1,6 @@
 // Package limiter counts hits in fixed windows aligned to the wall clock, per bucket and
 // key, in memory: Check counts and decides, Peek decides without counting, Record counts.
+// A replicated limiter also holds what other nodes counted (see replica.go).
 package limiter
 
 import (
@@ -52,10 +53,11 @@ const numShards = 256
 
 // Limiter holds the counters. The zero value is not usable; call New.
 type Limiter struct {
-	now    func() int64 // Unix milliseconds
-	clock  *anchoredClock
-	seed   maphash.Seed
-	shards [numShards]shard
+	now        func() int64 // Unix milliseconds
+	clock      *anchoredClock
+	seed       maphash.Seed
+	replicated bool
+	shards     [numShards]shard
 
 	// The bucket registry, copy-on-write: lookups take no lock.
 	namesMu sync.Mutex
@@ -68,7 +70,11 @@ type shard struct {
 	// byBucket holds a map per BucketID, created on the bucket's first counter.
 	byBucket []map[string]*entry
 	peak     int
-	_        [56]byte // one shard per two cache lines: no false sharing between shards
+	// changed lists the counters of a replicated limiter counted since the last
+	// DrainChanged; each is listed once, while its changed flag is set.
+	changedMu sync.Mutex
+	changed   []changedEntry
+	_         [16]byte // one shard per two cache lines: no false sharing between shards
 }
 
 func (s *shard) get(k Key) *entry {
@@ -79,7 +85,7 @@ func (s *shard) get(k Key) *entry {
 }
 
 // insert adds an entry for k; the caller holds the write lock.
-func (s *shard) insert(k Key) *entry {
+func (s *shard) insert(k Key, replicated bool) *entry {
 	for int(k.Bucket) >= len(s.byBucket) {
 		s.byBucket = append(s.byBucket, nil)
 	}
@@ -89,6 +95,9 @@ func (s *shard) insert(k Key) *entry {
 		s.byBucket[k.Bucket] = m
 	}
 	e := new(entry)
+	if replicated {
+		e.ext = new(replica)
+	}
 	m[strings.Clone(k.ID)] = e
 	return e
 }
@@ -110,12 +119,23 @@ type entry struct {
 	// sizeMS is the window length the count was made with: a limit whose window
 	// changes starts a fresh count.
 	sizeMS atomic.Uint32
+	// ext holds the other nodes' part of a replicated counter; nil when local.
+	ext *replica
 }
 
-// New returns an empty limiter that reads the time from now, or from the wall clock
-// when now is nil.
-func New(now func() time.Time) *Limiter {
-	l := &Limiter{seed: maphash.MakeSeed()}
+// Options configure a limiter.
+type Options struct {
+	// Now is the wall clock (time.Now when nil): tests move it instead of sleeping.
+	Now func() time.Time
+	// Replicated limiters add the other nodes' counts (SetRemote) to their own and keep
+	// the list of changed counters for DrainChanged.
+	Replicated bool
+}
+
+// New returns an empty limiter.
+func New(o Options) *Limiter {
+	now := o.Now
+	l := &Limiter{seed: maphash.MakeSeed(), replicated: o.Replicated}
 	if now == nil {
 		l.clock = newAnchoredClock()
 		l.now = l.clock.nowMS
@@ -129,7 +149,7 @@ func New(now func() time.Time) *Limiter {
 
 // Bucket returns the id of a bucket name, registering it on first use.
 func (l *Limiter) Bucket(name string) BucketID {
-	if id, ok := (*l.ids.Load())[name]; ok {
+	if id, ok := l.LookupBucket(name); ok {
 		return id
 	}
 	l.namesMu.Lock()
@@ -147,6 +167,15 @@ func (l *Limiter) Bucket(name string) BucketID {
 	return id
 }
 
+// LookupBucket returns the id of a registered bucket name.
+func (l *Limiter) LookupBucket(name string) (BucketID, bool) {
+	id, ok := (*l.ids.Load())[name]
+	return id, ok
+}
+
+// Buckets returns the number of registered buckets.
+func (l *Limiter) Buckets() int { return len(*l.names.Load()) }
+
 // BucketName returns the name of a registered bucket.
 func (l *Limiter) BucketName(id BucketID) string {
 	names := *l.names.Load()
@@ -160,18 +189,28 @@ func (l *Limiter) BucketName(id BucketID) string {
 func (l *Limiter) NowMS() int64 { return l.now() }
 
 // Check adds n hits to k and allows them iff the count after adding is within lim.
-// Denied hits are counted too.
+// Denied hits are counted too. In a replicated limiter the count is this node's plus
+// what the other nodes reported, and share mode may bound this node's part.
 func (l *Limiter) Check(k Key, n uint32, lim Limit) Result {
 	now, w, end := l.window(lim)
-	count := l.add(k, n, w, end, windowMS(lim))
-	return decide(count <= lim.Count, count, lim, now, end)
+	e, own := l.add(k, n, w, end, windowMS(lim))
+	if e.ext == nil {
+		return decide(own <= lim.Count, own, lim, now, end)
+	}
+	total := e.ext.total(own, w)
+	e.ext.noteLimit(lim.Count)
+	return decide(total <= lim.Count && e.ext.withinCap(own, w), total, lim, now, end)
 }
 
 // Record adds n hits to k without deciding: the result is always allowed.
 func (l *Limiter) Record(k Key, n uint32, lim Limit) Result {
 	_, w, end := l.window(lim)
-	count := l.add(k, n, w, end, windowMS(lim))
-	return Result{Allowed: true, Count: count, Limit: lim, WindowEndMS: end}
+	e, own := l.add(k, n, w, end, windowMS(lim))
+	if e.ext != nil {
+		own = e.ext.total(own, w)
+		e.ext.noteLimit(lim.Count)
+	}
+	return Result{Allowed: true, Count: own, Limit: lim, WindowEndMS: end}
 }
 
 // Peek decides without counting: denied iff the count has reached lim.
@@ -182,6 +221,9 @@ func (l *Limiter) Peek(k Key, lim Limit) Result {
 	s.mu.RLock()
 	if e := s.get(k); e != nil {
 		count, _ = e.current(w, windowMS(lim))
+		if e.ext != nil {
+			count = e.ext.total(count, w)
+		}
 	}
 	s.mu.RUnlock()
 	return decide(count < lim.Count, count, lim, now, end)
@@ -213,26 +255,28 @@ func (l *Limiter) shard(k Key) *shard {
 	return &l.shards[h%numShards]
 }
 
-// add adds n to k's count in window w and returns the new count.
-func (l *Limiter) add(k Key, n uint32, w uint32, end int64, size uint32) uint32 {
+// add adds n to k's count in window w and returns the entry and its new count.
+func (l *Limiter) add(k Key, n uint32, w uint32, end int64, size uint32) (*entry, uint32) {
 	s := l.shard(k)
 	s.mu.RLock()
 	e := s.get(k)
 	if e != nil {
 		c := e.add(n, w, end, size)
+		s.noteChanged(k, e)
 		s.mu.RUnlock()
-		return c
+		return e, c
 	}
 	s.mu.RUnlock()
 
 	s.mu.Lock()
 	e = s.get(k)
 	if e == nil {
-		e = s.insert(k)
+		e = s.insert(k, l.replicated)
 	}
 	c := e.add(n, w, end, size)
+	s.noteChanged(k, e)
 	s.mu.Unlock()
-	return c
+	return e, c
 }
 
 // current returns the count of window w and the window index it belongs to. A window

@@ -21,7 +21,7 @@ func newTest(t testing.TB, startMS int64) (*Limiter, *fakeClock) {
 	t.Helper()
 	c := &fakeClock{}
 	c.set(startMS)
-	return New(c.now), c
+	return New(Options{Now: c.now}), c
 }
 
 var perSecond = Limit{Count: 3, Window: time.Second}
@@ -185,7 +185,7 @@ func TestLateCallerDoesNotResetANewerWindow(t *testing.T) {
 	k := Key{l.Bucket("b"), "x"}
 	size := windowMS(perSecond)
 	// Window 7 has 2 hits; a caller that read the clock in window 6 adds to window 7.
-	e := l.shard(k).insert(k)
+	e := l.shard(k).insert(k, false)
 	e.add(2, 7, 8000, size)
 	if got := e.add(1, 6, 7000, size); got != 3 {
 		t.Fatalf("late add = %d, want 3 (counted in the newer window)", got)
@@ -270,7 +270,7 @@ func TestConcurrentChecksAllowExactlyTheLimit(t *testing.T) {
 }
 
 func BenchmarkCheck(b *testing.B) {
-	l := New(nil)
+	l := New(Options{})
 	bk := l.Bucket("activity_create")
 	keys := make([]Key, 10_000)
 	for i := range keys {
@@ -307,7 +307,7 @@ func BenchmarkCheck(b *testing.B) {
 }
 
 func BenchmarkPeek(b *testing.B) {
-	l := New(nil)
+	l := New(Options{})
 	k := Key{l.Bucket("login_ip"), "192.0.2.1"}
 	lim := Limit{Count: 5, Window: time.Minute}
 	l.Record(k, 1, lim)
@@ -332,7 +332,7 @@ func BenchmarkMemoryPerKey(b *testing.B) {
 		runtime.GC()
 		var before, after runtime.MemStats
 		runtime.ReadMemStats(&before)
-		l := New(nil)
+		l := New(Options{})
 		bk := l.Bucket("activity_create")
 		for _, id := range ids {
 			l.Check(Key{bk, id}, 1, lim)

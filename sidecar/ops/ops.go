@@ -1,5 +1,6 @@
 // Package ops serves the sidecar's operator endpoints over HTTP: /metrics for
-// Prometheus, /healthz (the process is alive) and /readyz (it is ready for checks).
+// Prometheus, /healthz (the process is alive), /readyz (it is ready for checks) and
+// /debug/counter (one counter's state, per node of a cluster).
 package ops
 
 import (
@@ -13,9 +14,21 @@ import (
 // Readiness reports whether the sidecar is ready, with details for operators.
 type Readiness func() (ready bool, details map[string]any)
 
+// Counter describes one counter for /debug/counter?bucket=…&key=….
+type Counter func(bucket, key string) any
+
 // Handler returns the operator endpoints.
-func Handler(reg *prometheus.Registry, ready Readiness) http.Handler {
+func Handler(reg *prometheus.Registry, ready Readiness, counter Counter) http.Handler {
 	mux := http.NewServeMux()
+	mux.HandleFunc("GET /debug/counter", func(w http.ResponseWriter, r *http.Request) {
+		q := r.URL.Query()
+		bucket, key := q.Get("bucket"), q.Get("key")
+		if bucket == "" || key == "" || len(bucket) > 64 || len(key) > 512 {
+			writeJSON(w, http.StatusBadRequest, map[string]any{"error": "bucket and key are required, e.g. /debug/counter?bucket=inbound&key=<channel id>"})
+			return
+		}
+		writeJSON(w, http.StatusOK, counter(bucket, key))
+	})
 	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
 		writeJSON(w, http.StatusOK, map[string]any{"status": "ok"})

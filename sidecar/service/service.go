@@ -24,6 +24,7 @@ import (
 
 	"github.com/converger/edge/shared/limiterpb"
 	"github.com/converger/edge/sidecar/authz"
+	"github.com/converger/edge/sidecar/cluster"
 	"github.com/converger/edge/sidecar/config"
 	"github.com/converger/edge/sidecar/identity"
 	"github.com/converger/edge/sidecar/limitapi"
@@ -40,6 +41,7 @@ type Sidecar struct {
 	GRPCAddr, HTTPAddr net.Addr
 	Limiter            *limiter.Limiter
 	Metrics            *metrics.Metrics
+	Cluster            *cluster.Cluster // nil with the local backend
 
 	log      *slog.Logger
 	grpc     *grpc.Server
@@ -68,6 +70,11 @@ func Start(cfg *config.Config, o Options) (*Sidecar, error) {
 	if log == nil {
 		log = slog.Default()
 	}
+	if o.Now == nil && cfg.ClockOffset != 0 {
+		offset := cfg.ClockOffset
+		o.Now = func() time.Time { return time.Now().Add(offset) }
+		log.Warn("the clock is shifted by SIDECAR_TEST_CLOCK_OFFSET_MS, a test hook", "offset", offset)
+	}
 	ctx, cancel := context.WithCancel(context.Background())
 	s := &Sidecar{log: log, cancel: cancel, errc: make(chan error, 2)}
 	ok := false
@@ -78,7 +85,7 @@ func Start(cfg *config.Config, o Options) (*Sidecar, error) {
 	}()
 
 	s.Metrics = metrics.New()
-	s.Limiter = limiter.New(o.Now)
+	s.Limiter = limiter.New(limiter.Options{Now: o.Now, Replicated: cfg.Backend == "cluster"})
 	s.Metrics.GaugeFunc("converger_sidecar_limiter_keys", "Live counters in the limiter.", func() float64 { return float64(s.Limiter.Len()) })
 	s.wg.Go(func() { s.Limiter.RunSweeper(cfg.CleanPeriod, ctx.Done()) })
 
@@ -114,6 +121,20 @@ func Start(cfg *config.Config, o Options) (*Sidecar, error) {
 		log.Warn("TOKEN_VERIFY_KEYS is not set: every Converger token is refused on token-counted routes")
 	}
 
+	if cfg.Backend == "cluster" {
+		cl := cfg.Cluster
+		var err error
+		s.Cluster, err = cluster.Start(cluster.Config{
+			NodeName: cl.NodeName, BindAddr: cl.BindAddr, AdvertiseAddr: cl.AdvertiseAddr,
+			Strategy: cl.Strategy, Join: cl.Join, DNSName: cl.DNSName, SecretKey: cl.SecretKey,
+			SyncInterval: cfg.SyncInterval, ShareMode: cfg.ShareMode,
+			Now: o.Now, Logger: log, Registry: s.Metrics.Registry,
+		}, s.Limiter)
+		if err != nil {
+			return nil, err
+		}
+	}
+
 	table, err := routes.New(cfg.Routes)
 	if err != nil {
 		return nil, err
@@ -142,7 +163,7 @@ func Start(cfg *config.Config, o Options) (*Sidecar, error) {
 	}
 	s.GRPCAddr, s.HTTPAddr = gl.Addr(), hl.Addr()
 	s.http = &http.Server{
-		Handler:           ops.Handler(s.Metrics.Registry, s.readiness),
+		Handler:           ops.Handler(s.Metrics.Registry, s.readiness, s.debugCounter),
 		ReadHeaderTimeout: 5 * time.Second,
 		ReadTimeout:       10 * time.Second,
 		WriteTimeout:      30 * time.Second,
@@ -189,9 +210,28 @@ func (s *Sidecar) readiness() (bool, map[string]any) {
 		}
 		d["override_notifications"] = s.dir.Listening()
 	}
+	if s.Cluster != nil {
+		d["cluster_members"] = s.Cluster.MemberNames()
+		d["cluster_size"] = s.Cluster.Members()
+	}
 	// A database outage does not make the sidecar unready: it keeps deciding with
 	// cached values and defaults, which is better than taking every node out of service.
+	// Nor does being alone in a cluster: a node that starts first serves on its own.
 	return s.serving.Load(), d
+}
+
+// debugCounter shows one counter: this node's count and, in a cluster, every origin's.
+func (s *Sidecar) debugCounter(bucket, key string) any {
+	if s.Cluster != nil {
+		return s.Cluster.Debug(bucket, key)
+	}
+	d := map[string]any{"bucket": bucket, "key": key}
+	if b, ok := s.Limiter.LookupBucket(bucket); ok {
+		if snap, ok := s.Limiter.Lookup(limiter.Key{Bucket: b, ID: key}); ok {
+			d["own"], d["limit"], d["window_ms"], d["window_end_ms"] = snap.Own, snap.Limit, snap.SizeMS, snap.EndMS
+		}
+	}
+	return d
 }
 
 // Stop stops accepting checks, lets the ones in flight finish (for at most 5 s) and
@@ -215,6 +255,9 @@ func (s *Sidecar) Stop() {
 			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 			_ = s.http.Shutdown(ctx)
 			cancel()
+		}
+		if s.Cluster != nil {
+			s.Cluster.Stop()
 		}
 		s.cancel()
 		s.wg.Wait()

@@ -1,0 +1,565 @@
+// Package cluster shares the limiter's counters between sidecars: membership with
+// hashicorp/memberlist, and state-based replication of each counter as a G-counter with
+// one slot per node, so that a limit holds across nodes without a shared store.
+package cluster
+
+import (
+	"bufio"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"log"
+	"log/slog"
+	"net"
+	"os"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/hashicorp/memberlist"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/converger/edge/sidecar/limiter"
+)
+
+// Config configures a node.
+type Config struct {
+	// NodeName is unique in the cluster; default "<hostname>-<bind port>".
+	NodeName string
+	// BindAddr is the host:port memberlist listens on (UDP and TCP).
+	BindAddr string
+	// AdvertiseAddr is the host:port other nodes reach this one at; default BindAddr.
+	AdvertiseAddr string
+	// Strategy is "static" (Join) or "dns" (DNSName).
+	Strategy string
+	// Join lists peers' host:port; it may name this node too.
+	Join []string
+	// DNSName is resolved every DNSInterval; its A and AAAA records are peers on the
+	// bind port (a Kubernetes headless service).
+	DNSName     string
+	DNSInterval time.Duration
+	// SecretKey (16, 24 or 32 bytes) encrypts cluster traffic; nil sends it in clear.
+	SecretKey []byte
+	// SyncInterval is how often changed counters are sent to the other nodes.
+	SyncInterval time.Duration
+	// ShareMode bounds each node to its share of a nearly used-up budget.
+	ShareMode bool
+	// PushPullInterval is how often memberlist exchanges full state with a random peer
+	// (30 s when zero).
+	PushPullInterval time.Duration
+	// Now is the wall clock (time.Now when nil).
+	Now      func() time.Time
+	Logger   *slog.Logger
+	Registry prometheus.Registerer
+}
+
+// Bounds of the traffic.
+const (
+	// maxPacket keeps a sync message, with memberlist's framing and encryption, inside
+	// one UDP packet of memberlist's default 1400-byte buffer.
+	maxPacket = 1200
+	// maxState bounds a state transfer below memberlist's 20 MB limit.
+	maxState = 16 << 20
+)
+
+// Cluster is a running node.
+type Cluster struct {
+	cfg    Config
+	lim    *limiter.Limiter
+	ml     *memberlist.Memberlist
+	origin string
+	slots  *slots
+	m      *metrics
+	log    *slog.Logger
+
+	newestSentAt atomic.Int64
+	joined       atomic.Bool
+	stop         chan struct{}
+	wg           sync.WaitGroup
+	stopOnce     sync.Once
+	resend       []limiter.Key // sent in the last flush, sent once more in the next
+}
+
+// Start joins (or founds) the cluster and starts replicating lim's counters.
+func Start(cfg Config, lim *limiter.Limiter) (*Cluster, error) {
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	if cfg.Registry == nil {
+		cfg.Registry = prometheus.NewRegistry()
+	}
+	if cfg.DNSInterval <= 0 {
+		cfg.DNSInterval = 10 * time.Second
+	}
+	bindHost, bindPort, err := splitHostPort(cfg.BindAddr)
+	if err != nil {
+		return nil, fmt.Errorf("CLUSTER_BIND_ADDR: %w", err)
+	}
+	if cfg.NodeName == "" {
+		host, _ := os.Hostname()
+		cfg.NodeName = fmt.Sprintf("%s-%d", host, bindPort)
+	}
+	var inc [8]byte
+	if _, err := rand.Read(inc[:]); err != nil {
+		return nil, err
+	}
+	c := &Cluster{
+		cfg:    cfg,
+		lim:    lim,
+		origin: cfg.NodeName + "#" + hex.EncodeToString(inc[:]),
+		log:    cfg.Logger.With("node", cfg.NodeName),
+		stop:   make(chan struct{}),
+	}
+	c.slots = newSlots(lim, c.origin)
+	c.m = newMetrics(cfg.Registry, c.newestAge)
+
+	mc := memberlist.DefaultLANConfig()
+	mc.Name = cfg.NodeName
+	mc.BindAddr, mc.BindPort = bindHost, bindPort
+	if cfg.AdvertiseAddr != "" {
+		if mc.AdvertiseAddr, mc.AdvertisePort, err = splitHostPort(cfg.AdvertiseAddr); err != nil {
+			return nil, fmt.Errorf("CLUSTER_ADVERTISE_ADDR: %w", err)
+		}
+	}
+	if cfg.PushPullInterval > 0 {
+		mc.PushPullInterval = cfg.PushPullInterval
+	}
+	mc.Delegate = (*delegate)(c)
+	mc.Events = (*events)(c)
+	mc.SecretKey = cfg.SecretKey
+	mc.Logger = log.New(&logWriter{log: c.log}, "", 0)
+	if c.ml, err = memberlist.Create(mc); err != nil {
+		return nil, fmt.Errorf("cluster: %w", err)
+	}
+	c.log.Info("cluster node started", "bind", cfg.BindAddr, "origin", c.origin,
+		"strategy", cfg.Strategy, "encrypted", len(cfg.SecretKey) > 0, "sync_interval", cfg.SyncInterval, "share_mode", cfg.ShareMode)
+
+	c.wg.Go(c.syncLoop)
+	switch cfg.Strategy {
+	case "static":
+		c.wg.Go(c.joinStatic)
+	case "dns":
+		c.wg.Go(c.joinDNS)
+	}
+	return c, nil
+}
+
+// Stop leaves the cluster and stops replicating.
+func (c *Cluster) Stop() {
+	c.stopOnce.Do(func() {
+		close(c.stop)
+		c.wg.Wait()
+		if err := c.ml.Leave(time.Second); err != nil {
+			c.log.Debug("leaving the cluster", "error", err)
+		}
+		_ = c.ml.Shutdown()
+	})
+}
+
+// Members returns the number of live members, this node included.
+func (c *Cluster) Members() int { return c.ml.NumMembers() }
+
+// MemberNames returns the names of the live members.
+func (c *Cluster) MemberNames() []string {
+	var names []string
+	for _, n := range c.ml.Members() {
+		names = append(names, n.Name)
+	}
+	return names
+}
+
+// Origin is this node's slot name: its node name and a random incarnation.
+func (c *Cluster) Origin() string { return c.origin }
+
+func (c *Cluster) nowMS() int64 { return c.cfg.Now().UnixMilli() }
+
+func (c *Cluster) newestAge() float64 {
+	t := c.newestSentAt.Load()
+	if t == 0 {
+		return -1
+	}
+	return float64(c.nowMS()-t) / 1000
+}
+
+// joinStatic joins the configured peers, retrying until one answers; meanwhile this
+// node serves on its own.
+func (c *Cluster) joinStatic() {
+	peers := c.others(c.cfg.Join)
+	if len(peers) == 0 {
+		c.log.Info("no other peer configured: serving as a cluster of one")
+		return
+	}
+	delay := 500 * time.Millisecond
+	for {
+		n, err := c.ml.Join(peers)
+		if n > 0 {
+			c.joined.Store(true)
+			c.log.Info("joined the cluster", "contacted", n, "members", c.ml.NumMembers())
+			return
+		}
+		c.log.Debug("no peer answered yet; serving on our own and retrying", "peers", peers, "error", err, "retry_in", delay)
+		select {
+		case <-c.stop:
+			return
+		case <-time.After(delay):
+		}
+		delay = min(delay*2, 5*time.Second)
+	}
+}
+
+// joinDNS resolves the DNS name periodically and joins the addresses that are not
+// members yet, so that new pods of a headless service are found.
+func (c *Cluster) joinDNS() {
+	_, port, _ := splitHostPort(c.cfg.BindAddr)
+	t := time.NewTicker(c.cfg.DNSInterval)
+	defer t.Stop()
+	for {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		addrs, err := net.DefaultResolver.LookupHost(ctx, c.cfg.DNSName)
+		cancel()
+		if err != nil {
+			c.log.Warn("resolving CLUSTER_DNS_NAME", "name", c.cfg.DNSName, "error", err)
+		} else {
+			known := map[string]bool{}
+			for _, n := range c.ml.Members() {
+				known[n.Address()] = true
+			}
+			var targets []string
+			for _, a := range addrs {
+				hp := net.JoinHostPort(a, strconv.Itoa(port))
+				if !known[hp] {
+					targets = append(targets, hp)
+				}
+			}
+			if targets = c.others(targets); len(targets) > 0 {
+				if n, err := c.ml.Join(targets); n > 0 {
+					c.joined.Store(true)
+					c.log.Info("joined peers found in DNS", "contacted", n, "members", c.ml.NumMembers())
+				} else {
+					c.log.Debug("no peer found in DNS answered", "targets", targets, "error", err)
+				}
+			}
+		}
+		select {
+		case <-c.stop:
+			return
+		case <-t.C:
+		}
+	}
+}
+
+// others drops this node's own address from a peer list, so that one list can name
+// every member.
+func (c *Cluster) others(peers []string) []string {
+	self := c.ml.LocalNode()
+	selfIPs := map[string]bool{self.Addr.String(): true}
+	if host, _, err := splitHostPort(c.cfg.BindAddr); err == nil {
+		selfIPs[host] = true
+	}
+	var out []string
+	for _, p := range peers {
+		host, port, err := net.SplitHostPort(p)
+		if err != nil {
+			continue
+		}
+		if port == strconv.Itoa(int(self.Port)) {
+			ips, _ := net.LookupHost(host)
+			isSelf := false
+			for _, ip := range ips {
+				if selfIPs[ip] || (net.ParseIP(ip).IsLoopback() && net.ParseIP(self.Addr.String()).IsLoopback()) {
+					isSelf = true
+				}
+			}
+			if isSelf {
+				continue
+			}
+		}
+		out = append(out, p)
+	}
+	return out
+}
+
+// syncLoop sends, every sync interval, this node's own count of every counter that
+// changed (and of those sent in the previous flush, once more, so that one lost
+// packet is healed at once) to every other live member.
+func (c *Cluster) syncLoop() {
+	t := time.NewTicker(c.cfg.SyncInterval)
+	defer t.Stop()
+	lastSweep := c.nowMS()
+	for {
+		select {
+		case <-c.stop:
+			return
+		case <-t.C:
+		}
+		now := c.nowMS()
+		c.flush(now)
+		if now-lastSweep >= 1000 {
+			c.slots.sweep(now)
+			lastSweep = now
+		}
+	}
+}
+
+func (c *Cluster) flush(now int64) {
+	p := newPacker(now, c.origin, maxPacket)
+	sent := make(map[limiter.Key]struct{})
+	var keys []limiter.Key
+	add := func(k limiter.Key, s limiter.Snapshot) {
+		if s.EndMS <= now || s.Own == 0 {
+			return
+		}
+		if _, dup := sent[k]; dup {
+			return
+		}
+		sent[k] = struct{}{}
+		keys = append(keys, k)
+		p.add(value{bucket: c.lim.BucketName(k.Bucket), id: k.ID, sizeMS: s.SizeMS, endMS: s.EndMS, count: s.Own})
+	}
+	c.lim.DrainChanged(add)
+	changed := len(keys)
+	for _, k := range c.resend {
+		if s, ok := c.lim.Lookup(k); ok {
+			add(k, s)
+		}
+	}
+	c.resend = keys[:changed]
+	msgs := p.messages()
+	if len(keys) > 0 {
+		c.m.keysPerFlush.Observe(float64(len(keys)))
+	}
+
+	if len(msgs) > 0 {
+		for _, n := range c.ml.Members() {
+			if n.Name == c.cfg.NodeName {
+				continue
+			}
+			for _, msg := range msgs {
+				if err := c.ml.SendBestEffort(n, msg); err != nil {
+					c.m.sendErrors.Inc()
+					continue
+				}
+				c.m.messages.WithLabelValues("sent").Inc()
+				c.m.bytes.WithLabelValues("sent").Add(float64(len(msg)))
+			}
+		}
+	}
+
+	touched := c.slots.tick(now)
+	if c.cfg.ShareMode {
+		for _, k := range keys[:changed] {
+			touched[k] = struct{}{}
+		}
+		for k := range touched {
+			if s, ok := c.lim.Lookup(k); ok && s.Limit > 0 && s.EndMS > now {
+				if c.slots.share(k, s) {
+					c.m.capped.Inc()
+				}
+			}
+		}
+	}
+}
+
+// receive merges a sync message or one message of a state transfer.
+func (c *Cluster) receive(m message) (dropped int) {
+	now := c.nowMS()
+	if m.origin == c.origin {
+		return 0
+	}
+	if m.sentAt > c.newestSentAt.Load() {
+		c.newestSentAt.Store(m.sentAt)
+	}
+	for _, v := range m.values {
+		if c.slots.merge(m.origin, v, now) == stale {
+			dropped++
+		}
+	}
+	c.m.stale.Add(float64(dropped))
+	return dropped
+}
+
+// DebugCounter is what the debug endpoint shows of one counter.
+type DebugCounter struct {
+	Bucket      string     `json:"bucket"`
+	Key         string     `json:"key"`
+	Origin      string     `json:"origin"`
+	Own         uint32     `json:"own"`
+	Remote      uint32     `json:"remote"`
+	Limit       uint32     `json:"limit"`
+	WindowMS    uint32     `json:"window_ms"`
+	WindowEndMS int64      `json:"window_end_ms"`
+	Slots       []SlotView `json:"slots"`
+	Members     []string   `json:"members"`
+}
+
+// Debug returns one counter's state: this node's count and every remote slot.
+func (c *Cluster) Debug(bucket, key string) DebugCounter {
+	d := DebugCounter{Bucket: bucket, Key: key, Origin: c.origin, Members: c.MemberNames(), Slots: []SlotView{}}
+	b, ok := c.lim.LookupBucket(bucket)
+	if !ok {
+		return d
+	}
+	k := limiter.Key{Bucket: b, ID: key}
+	if s, ok := c.lim.Lookup(k); ok {
+		d.Own, d.Remote, d.Limit, d.WindowMS, d.WindowEndMS = s.Own, s.Remote, s.Limit, s.SizeMS, s.EndMS
+	}
+	if v := c.slots.view(k); v != nil {
+		d.Slots = v
+	}
+	return d
+}
+
+// delegate is the Cluster as memberlist's Delegate.
+type delegate Cluster
+
+func (d *delegate) NodeMeta(int) []byte             { return nil }
+func (d *delegate) GetBroadcasts(int, int) [][]byte { return nil }
+func (d *delegate) c() *Cluster                     { return (*Cluster)(d) }
+func (d *delegate) NotifyMsg(b []byte) {
+	c := d.c()
+	m, err := decode(b)
+	if err != nil {
+		c.m.malformed.Inc()
+		return
+	}
+	c.m.messages.WithLabelValues("received").Inc()
+	c.m.bytes.WithLabelValues("received").Add(float64(len(b)))
+	c.m.mergeLag.Observe(float64(max(c.nowMS()-m.sentAt, 0)) / 1000)
+	c.receive(m)
+}
+
+// LocalState is this node's whole view for a state transfer: its own counts and every
+// remote slot of windows that have not ended, one message per origin.
+func (d *delegate) LocalState(join bool) []byte {
+	c := d.c()
+	now := c.nowMS()
+	packers := map[string]*packer{c.origin: newPacker(now, c.origin, maxState)}
+	size := 0
+	cut := false
+	add := func(origin string, v value) {
+		if size > maxState {
+			cut = true
+			return
+		}
+		p := packers[origin]
+		if p == nil {
+			p = newPacker(now, origin, maxState)
+			packers[origin] = p
+		}
+		p.add(v)
+		size += len(v.bucket) + len(v.id) + 16
+	}
+	c.lim.Each(func(k limiter.Key, s limiter.Snapshot) {
+		if s.Own > 0 {
+			add(c.origin, value{c.lim.BucketName(k.Bucket), k.ID, s.SizeMS, s.EndMS, s.Own})
+		}
+	})
+	c.slots.each(now, func(origin string, k limiter.Key, sl slot) {
+		add(origin, value{c.lim.BucketName(k.Bucket), k.ID, sl.sizeMS, sl.endMS, sl.count})
+	})
+	var state []byte
+	for _, p := range packers {
+		state = appendState(state, p.messages()...)
+	}
+	if cut {
+		c.m.transferCut.Inc()
+		c.log.Warn("state transfer cut at its size limit; the rest follows by sync", "limit_bytes", maxState)
+	}
+	c.m.transfers.WithLabelValues("sent", kind(join)).Inc()
+	c.m.transferBytes.WithLabelValues("sent").Add(float64(len(state)))
+	return state
+}
+
+func (d *delegate) MergeRemoteState(b []byte, join bool) {
+	c := d.c()
+	msgs, err := decodeState(b)
+	if err != nil {
+		c.m.malformed.Inc()
+		c.log.Warn("malformed state transfer", "bytes", len(b))
+		return
+	}
+	c.m.transfers.WithLabelValues("received", kind(join)).Inc()
+	c.m.transferBytes.WithLabelValues("received").Add(float64(len(b)))
+	values := 0
+	for _, m := range msgs {
+		c.receive(m)
+		values += len(m.values)
+	}
+	if join {
+		c.log.Info("state received on join", "values", values, "bytes", len(b))
+	}
+}
+
+func kind(join bool) string {
+	if join {
+		return "join"
+	}
+	return "push_pull"
+}
+
+// events keeps the members gauge current.
+type events Cluster
+
+// NotifyJoin is also called for this node, from memberlist.Create, before c.ml is set.
+func (e *events) NotifyJoin(n *memberlist.Node) {
+	c := (*Cluster)(e)
+	c.m.members.Add(1)
+	c.log.Info("member joined", "member", n.Name, "addr", n.Address())
+}
+
+func (e *events) NotifyLeave(n *memberlist.Node) {
+	c := (*Cluster)(e)
+	c.m.members.Sub(1)
+	c.log.Info("member left", "member", n.Name, "addr", n.Address())
+}
+
+func (e *events) NotifyUpdate(*memberlist.Node) {}
+
+// logWriter turns memberlist's log lines into structured logs: errors and warnings at
+// their level, the rest at debug.
+type logWriter struct{ log *slog.Logger }
+
+func (w *logWriter) Write(p []byte) (int, error) {
+	sc := bufio.NewScanner(strings.NewReader(string(p)))
+	for sc.Scan() {
+		line := sc.Text()
+		switch {
+		case strings.Contains(line, "[ERR]"):
+			w.log.Error(strings.TrimSpace(line[strings.Index(line, "[ERR]")+5:]), "component", "memberlist")
+		case strings.Contains(line, "[WARN]"):
+			w.log.Warn(strings.TrimSpace(line[strings.Index(line, "[WARN]")+6:]), "component", "memberlist")
+		default:
+			w.log.Debug(line, "component", "memberlist")
+		}
+	}
+	return len(p), nil
+}
+
+var _ io.Writer = (*logWriter)(nil)
+
+func splitHostPort(hp string) (string, int, error) {
+	host, port, err := net.SplitHostPort(hp)
+	if err != nil {
+		return "", 0, errors.New("must be host:port")
+	}
+	p, err := strconv.Atoi(port)
+	if err != nil || p < 0 || p > 65535 {
+		return "", 0, errors.New("the port must be a number from 0 to 65535")
+	}
+	if ip := net.ParseIP(host); ip == nil {
+		ips, err := net.LookupHost(host)
+		if err != nil || len(ips) == 0 {
+			return "", 0, fmt.Errorf("cannot resolve %q", host)
+		}
+		host = ips[0]
+	}
+	return host, p, nil
+}

@@ -1,0 +1,58 @@
+package cluster
+
+import (
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// metrics are the cluster's Prometheus metrics.
+type metrics struct {
+	members       prometheus.Gauge
+	messages      *prometheus.CounterVec // direction
+	bytes         *prometheus.CounterVec // direction
+	sendErrors    prometheus.Counter
+	malformed     prometheus.Counter
+	keysPerFlush  prometheus.Histogram
+	mergeLag      prometheus.Histogram
+	stale         prometheus.Counter
+	transfers     *prometheus.CounterVec // direction
+	transferBytes *prometheus.CounterVec // direction
+	transferCut   prometheus.Counter
+	capped        prometheus.Counter
+}
+
+func newMetrics(reg prometheus.Registerer, newestAge func() float64) *metrics {
+	m := &metrics{
+		members: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "converger_cluster_members", Help: "Live members of the cluster, this node included."}),
+		messages: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "converger_cluster_sync_messages_total", Help: "Sync messages by direction (sent, received)."}, []string{"direction"}),
+		bytes: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "converger_cluster_sync_bytes_total", Help: "Bytes of sync messages by direction (sent, received)."}, []string{"direction"}),
+		sendErrors: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "converger_cluster_send_errors_total", Help: "Sync messages that could not be sent."}),
+		malformed: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "converger_cluster_malformed_messages_total", Help: "Received cluster messages that could not be decoded."}),
+		keysPerFlush: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name: "converger_cluster_keys_per_flush", Help: "Counters sent per sync interval.",
+			Buckets: prometheus.ExponentialBuckets(1, 4, 10)}),
+		mergeLag: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name: "converger_cluster_merge_lag_seconds", Help: "Age of received sync messages when merged (sender's clock to ours).",
+			Buckets: []float64{.0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5}}),
+		stale: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "converger_cluster_stale_values_dropped_total", Help: "Received values for windows that had already ended here."}),
+		transfers: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "converger_cluster_state_transfers_total", Help: "State transfers (join and push/pull) by direction and kind."}, []string{"direction", "kind"}),
+		transferBytes: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "converger_cluster_state_transfer_bytes_total", Help: "Bytes of state transfers by direction."}, []string{"direction"}),
+		transferCut: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "converger_cluster_state_transfer_truncated_total", Help: "State transfers cut at the size limit (the rest follows by sync)."}),
+		capped: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "converger_cluster_share_mode_caps_total", Help: "Times share mode bounded a counter's share for one interval."}),
+	}
+	reg.MustRegister(m.members, m.messages, m.bytes, m.sendErrors, m.malformed, m.keysPerFlush, m.mergeLag,
+		m.stale, m.transfers, m.transferBytes, m.transferCut, m.capped,
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "converger_cluster_newest_remote_value_age_seconds",
+			Help: "Age of the newest value received from another node (merge lag); -1 before the first."}, newestAge))
+	return m
+}

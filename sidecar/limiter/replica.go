@@ -1,0 +1,188 @@
+package limiter
+
+import (
+	"math"
+	"sync/atomic"
+)
+
+// replica is the replicated part of a counter: the sum the other nodes reported for a
+// window, the share-mode bound on this node's own count, and the changed flag that puts
+// the counter on its shard's list for the next sync. Each word packs the window index
+// (mod 2^32) in its high half, so a value for another window reads as absent.
+type replica struct {
+	remote  atomic.Uint64 // window | sum of the other nodes' counts
+	cap     atomic.Uint64 // window | own cap + 1; 0: no cap
+	limit   atomic.Uint32 // the limit of the last Check or Record
+	changed atomic.Uint32 // 1 while on the shard's changed list
+}
+
+type changedEntry struct {
+	key Key
+	e   *entry
+}
+
+// Snapshot is a counter's state in its current window.
+type Snapshot struct {
+	Own    uint32 // this node's count
+	Remote uint32 // the other nodes' count, as last reported
+	Limit  uint32 // the limit of the last Check or Record (0: none yet)
+	SizeMS uint32 // the window's length
+	EndMS  int64  // the window's end, in Unix milliseconds
+}
+
+func (r *replica) total(own, w uint32) uint32 {
+	if v := r.remote.Load(); uint32(v>>32) == w {
+		if sum := uint32(v); own <= math.MaxUint32-sum {
+			return own + sum
+		}
+		return math.MaxUint32
+	}
+	return own
+}
+
+func (r *replica) withinCap(own, w uint32) bool {
+	v := r.cap.Load()
+	return v == 0 || uint32(v>>32) != w || own < uint32(v)
+}
+
+func (r *replica) noteLimit(limit uint32) {
+	if r.limit.Load() != limit {
+		r.limit.Store(limit)
+	}
+}
+
+// noteChanged lists a replicated counter for the next DrainChanged, once.
+func (s *shard) noteChanged(k Key, e *entry) {
+	if e.ext == nil || e.ext.changed.Load() != 0 || !e.ext.changed.CompareAndSwap(0, 1) {
+		return
+	}
+	s.changedMu.Lock()
+	s.changed = append(s.changed, changedEntry{k, e})
+	s.changedMu.Unlock()
+}
+
+func (e *entry) snapshot() Snapshot {
+	size := e.sizeMS.Load()
+	end := e.endMS.Load()
+	if size == 0 {
+		return Snapshot{}
+	}
+	w := uint32(end/int64(size) - 1)
+	snap := Snapshot{SizeMS: size, EndMS: end}
+	if v := e.state.Load(); uint32(v>>32) == w {
+		snap.Own = uint32(v)
+	}
+	if e.ext != nil {
+		snap.Remote = e.ext.total(0, w)
+		snap.Limit = e.ext.limit.Load()
+	}
+	return snap
+}
+
+// DrainChanged calls f for every counter counted since the last call, with its state,
+// and clears the list. It is meant for one caller at a time (the sync loop).
+func (l *Limiter) DrainChanged(f func(Key, Snapshot)) {
+	for i := range l.shards {
+		s := &l.shards[i]
+		s.changedMu.Lock()
+		list := s.changed
+		s.changed = nil
+		s.changedMu.Unlock()
+		for j, c := range list {
+			// Clear first: a hit after this line lists the counter again.
+			c.e.ext.changed.Store(0)
+			f(c.key, c.e.snapshot())
+			list[j] = changedEntry{}
+		}
+		s.changedMu.Lock()
+		if s.changed == nil {
+			s.changed = list[:0]
+		}
+		s.changedMu.Unlock()
+	}
+}
+
+// Each calls f for every counter whose window has not ended, with its state. It holds
+// one shard's read lock at a time.
+func (l *Limiter) Each(f func(Key, Snapshot)) {
+	now := l.NowMS()
+	for i := range l.shards {
+		s := &l.shards[i]
+		s.mu.RLock()
+		for b, m := range s.byBucket {
+			for id, e := range m {
+				if e.endMS.Load() > now {
+					f(Key{BucketID(b), id}, e.snapshot())
+				}
+			}
+		}
+		s.mu.RUnlock()
+	}
+}
+
+// Lookup returns a counter's state, and false when there is none.
+func (l *Limiter) Lookup(k Key) (Snapshot, bool) {
+	s := l.shard(k)
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	if e := s.get(k); e != nil {
+		return e.snapshot(), true
+	}
+	return Snapshot{}, false
+}
+
+// SetRemote records the other nodes' count for k in the window of sizeMS ending at
+// endMS. It does nothing in a limiter that is not replicated.
+func (l *Limiter) SetRemote(k Key, sizeMS uint32, endMS int64, sum uint32) {
+	if e := l.replicaEntry(k, sizeMS, endMS); e != nil {
+		e.ext.remote.Store(windowWord(sizeMS, endMS) | uint64(sum))
+	}
+}
+
+// SetCap bounds this node's own count of k in the window of sizeMS ending at endMS to
+// cap (share mode); ClearCap lifts the bound.
+func (l *Limiter) SetCap(k Key, sizeMS uint32, endMS int64, cap uint32) {
+	if e := l.replicaEntry(k, sizeMS, endMS); e != nil {
+		e.ext.cap.Store(windowWord(sizeMS, endMS) | uint64(min(cap, math.MaxUint32-1)+1))
+	}
+}
+
+// ClearCap lifts k's share-mode bound.
+func (l *Limiter) ClearCap(k Key) {
+	s := l.shard(k)
+	s.mu.RLock()
+	if e := s.get(k); e != nil && e.ext != nil {
+		e.ext.cap.Store(0)
+	}
+	s.mu.RUnlock()
+}
+
+func windowWord(sizeMS uint32, endMS int64) uint64 {
+	return uint64(uint32(endMS/int64(max(sizeMS, 1))-1)) << 32
+}
+
+// replicaEntry returns k's entry, creating it for a window this node has not counted
+// in yet, so that its first local hit already sees the other nodes' count.
+func (l *Limiter) replicaEntry(k Key, sizeMS uint32, endMS int64) *entry {
+	if !l.replicated || sizeMS == 0 {
+		return nil
+	}
+	s := l.shard(k)
+	s.mu.RLock()
+	e := s.get(k)
+	s.mu.RUnlock()
+	if e == nil {
+		s.mu.Lock()
+		if e = s.get(k); e == nil {
+			e = s.insert(k, true)
+		}
+		s.mu.Unlock()
+	}
+	// A counter with no count of its own yet takes the window, so the sweeper keeps it
+	// until that window ends.
+	if size := e.sizeMS.Load(); size == 0 || (size == sizeMS && e.endMS.Load() < endMS && e.snapshot().Own == 0) {
+		e.sizeMS.Store(sizeMS)
+		e.endMS.Store(endMS)
+	}
+	return e
+}

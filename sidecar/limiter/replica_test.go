@@ -1,0 +1,188 @@
+package limiter
+
+import (
+	"fmt"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+func newReplicated(t testing.TB, startMS int64) (*Limiter, *fakeClock) {
+	t.Helper()
+	c := &fakeClock{}
+	c.set(startMS)
+	return New(Options{Now: c.now, Replicated: true}), c
+}
+
+func TestRemoteCountsAddToOwn(t *testing.T) {
+	l, c := newReplicated(t, 10_000)
+	k := Key{l.Bucket("b"), "x"}
+	lim := Limit{Count: 10, Window: time.Second}
+	// Other nodes counted 8 in the current window (10 s to 11 s).
+	l.SetRemote(k, 1000, 11_000, 8)
+	if r := l.Peek(k, lim); r.Count != 8 || !r.Allowed {
+		t.Fatalf("peek: %+v", r)
+	}
+	for i := 1; i <= 2; i++ {
+		if r := l.Check(k, 1, lim); !r.Allowed || r.Count != uint32(8+i) {
+			t.Fatalf("check %d: %+v", i, r)
+		}
+	}
+	if r := l.Check(k, 1, lim); r.Allowed || r.Count != 11 {
+		t.Fatalf("over the shared limit: %+v", r)
+	}
+	// A report for another window does not count in this one.
+	l.SetRemote(k, 1000, 10_000, 100)
+	if r := l.Peek(k, lim); r.Count != 3 {
+		t.Fatalf("a report of an ended window counted: %+v", r)
+	}
+	// Next window: only what is reported for it counts.
+	c.set(11_000)
+	if r := l.Check(k, 1, lim); !r.Allowed || r.Count != 1 {
+		t.Fatalf("next window: %+v", r)
+	}
+	if r := l.Record(k, 1, lim); r.Count != 2 {
+		t.Fatalf("record: %+v", r)
+	}
+}
+
+func TestRemoteOnlyCounterIsKeptForItsWindow(t *testing.T) {
+	l, c := newReplicated(t, 10_500)
+	k := Key{l.Bucket("b"), "never-seen-here"}
+	l.SetRemote(k, 60_000, 60_000, 5)
+	if l.Sweep(); l.Len() != 1 {
+		t.Fatal("a counter known only from other nodes was swept before its window ended")
+	}
+	if r := l.Check(k, 1, Limit{Count: 5, Window: time.Minute}); r.Allowed || r.Count != 6 {
+		t.Fatalf("first local hit did not see the remote count: %+v", r)
+	}
+	c.set(60_000)
+	l.Sweep()
+	if l.Len() != 0 {
+		t.Fatal("not swept after its window")
+	}
+	local := New(Options{Now: c.now})
+	local.SetRemote(k, 60_000, 120_000, 5)
+	if local.Len() != 0 {
+		t.Fatal("a local limiter took a remote count")
+	}
+}
+
+func TestCapBoundsOwnCount(t *testing.T) {
+	l, _ := newReplicated(t, 0)
+	k := Key{l.Bucket("b"), "x"}
+	lim := Limit{Count: 100, Window: time.Second}
+	l.SetCap(k, 1000, 1000, 3)
+	for i := 1; i <= 3; i++ {
+		if r := l.Check(k, 1, lim); !r.Allowed {
+			t.Fatalf("hit %d within the cap denied", i)
+		}
+	}
+	if r := l.Check(k, 1, lim); r.Allowed {
+		t.Fatal("hit over the share cap allowed")
+	}
+	if r := l.Peek(k, lim); !r.Allowed {
+		t.Fatal("the cap applies to Peek")
+	}
+	l.ClearCap(k)
+	if r := l.Check(k, 1, lim); !r.Allowed || r.Count != 5 {
+		t.Fatalf("after ClearCap: %+v", r)
+	}
+	l.SetCap(k, 1000, 0, 0) // a cap for another window does not apply
+	if r := l.Check(k, 1, lim); !r.Allowed {
+		t.Fatal("a cap of another window applied")
+	}
+	l.SetCap(k, 1000, 1000, 0)
+	if r := l.Check(k, 1, lim); r.Allowed {
+		t.Fatal("cap 0 allowed a hit")
+	}
+}
+
+func TestDrainChanged(t *testing.T) {
+	l, c := newReplicated(t, 5_250)
+	b := l.Bucket("b")
+	lim := Limit{Count: 10, Window: time.Second}
+	for range 3 {
+		l.Check(Key{b, "x"}, 1, lim)
+	}
+	l.Record(Key{b, "y"}, 2, lim)
+	l.Peek(Key{b, "z"}, lim)
+	got := map[string]Snapshot{}
+	l.DrainChanged(func(k Key, s Snapshot) { got[k.ID] = s })
+	if len(got) != 2 || got["x"] != (Snapshot{Own: 3, Limit: 10, SizeMS: 1000, EndMS: 6000}) || got["y"].Own != 2 {
+		t.Fatalf("drained %+v", got)
+	}
+	l.DrainChanged(func(k Key, s Snapshot) { t.Errorf("%s drained twice", k.ID) })
+	l.Check(Key{b, "x"}, 1, lim)
+	n := 0
+	l.DrainChanged(func(k Key, s Snapshot) {
+		n++
+		if k.ID != "x" || s.Own != 4 {
+			t.Errorf("drained %s %+v", k.ID, s)
+		}
+	})
+	if n != 1 {
+		t.Fatalf("%d drained after one more hit", n)
+	}
+	// Each reports live counters only.
+	c.set(6_000)
+	l.SetRemote(Key{b, "r"}, 1000, 7000, 4)
+	var each []string
+	l.Each(func(k Key, s Snapshot) { each = append(each, fmt.Sprintf("%s %d %d", k.ID, s.Own, s.Remote)) })
+	if len(each) != 1 || each[0] != "r 0 4" {
+		t.Fatalf("Each: %v", each)
+	}
+	if s, ok := l.Lookup(Key{b, "r"}); !ok || s.Remote != 4 {
+		t.Fatalf("Lookup: %+v %v", s, ok)
+	}
+	// A local limiter lists nothing.
+	local := New(Options{})
+	local.Check(Key{local.Bucket("b"), "x"}, 1, lim)
+	local.DrainChanged(func(Key, Snapshot) { t.Error("a local limiter drained a counter") })
+}
+
+// BenchmarkCheckReplicated compares the hot path of a replicated limiter, drained as
+// the sync loop drains it, with a local one, in the same run.
+func BenchmarkCheckReplicated(b *testing.B) {
+	for _, mode := range []struct {
+		name       string
+		replicated bool
+	}{{"local", false}, {"replicated", true}} {
+		b.Run(mode.name, func(b *testing.B) {
+			l := New(Options{Replicated: mode.replicated})
+			bk := l.Bucket("activity_create")
+			keys := make([]Key, 10_000)
+			for i := range keys {
+				keys[i] = Key{bk, fmt.Sprintf("%08x-0000-4000-8000-%012x", i, i)}
+				l.SetRemote(keys[i], 1000, (l.NowMS()/1000+1)*1000, 1)
+			}
+			lim := Limit{Count: 1 << 30, Window: time.Second}
+			stop := make(chan struct{})
+			done := make(chan struct{})
+			go func() {
+				defer close(done)
+				t := time.NewTicker(10 * time.Millisecond)
+				defer t.Stop()
+				for {
+					select {
+					case <-stop:
+						return
+					case <-t.C:
+						l.DrainChanged(func(Key, Snapshot) {})
+					}
+				}
+			}()
+			b.ReportAllocs()
+			var seq atomic.Int64
+			b.RunParallel(func(pb *testing.PB) {
+				i := int(seq.Add(7919))
+				for pb.Next() {
+					l.Check(keys[i%len(keys)], 1, lim)
+					i++
+				}
+			})
+			close(stop)
+			<-done
+		})
+	}
+}
