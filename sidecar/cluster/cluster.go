@@ -83,6 +83,10 @@ type Cluster struct {
 	wg           sync.WaitGroup
 	stopOnce     sync.Once
 	resend       []limiter.Key // sent in the last flush, sent once more in the next
+
+	membersMu sync.Mutex
+	members   map[string]memberlist.Node // live members, copied in the events
+	gone      map[string]struct{}        // members that left or were declared dead
 }
 
 // Start joins (or founds) the cluster and starts replicating lim's counters.
@@ -112,11 +116,13 @@ func Start(cfg Config, lim *limiter.Limiter) (*Cluster, error) {
 		return nil, err
 	}
 	c := &Cluster{
-		cfg:    cfg,
-		lim:    lim,
-		origin: cfg.NodeName + "#" + hex.EncodeToString(inc[:]),
-		log:    cfg.Logger.With("node", cfg.NodeName),
-		stop:   make(chan struct{}),
+		cfg:     cfg,
+		lim:     lim,
+		origin:  cfg.NodeName + "#" + hex.EncodeToString(inc[:]),
+		log:     cfg.Logger.With("node", cfg.NodeName),
+		stop:    make(chan struct{}),
+		gone:    map[string]struct{}{},
+		members: map[string]memberlist.Node{},
 	}
 	c.slots = newSlots(lim, c.origin)
 	c.m = newMetrics(cfg.Registry, c.newestAge)
@@ -176,6 +182,22 @@ func (c *Cluster) MemberNames() []string {
 	return names
 }
 
+// peers returns the other live members. memberlist's Members returns its own nodes,
+// whose address it rewrites under its lock on every alive message, so reading them
+// outside that lock is a data race: these are copies made in the join and leave events,
+// which memberlist calls under its lock.
+func (c *Cluster) peers() []memberlist.Node {
+	c.membersMu.Lock()
+	defer c.membersMu.Unlock()
+	out := make([]memberlist.Node, 0, len(c.members))
+	for name, n := range c.members {
+		if name != c.cfg.NodeName {
+			out = append(out, n)
+		}
+	}
+	return out
+}
+
 // Origin is this node's slot name: its node name and a random incarnation.
 func (c *Cluster) Origin() string { return c.origin }
 
@@ -189,8 +211,11 @@ func (c *Cluster) newestAge() float64 {
 	return float64(c.nowMS()-t) / 1000
 }
 
-// joinStatic joins the configured peers, retrying until one answers; meanwhile this
-// node serves on its own.
+// joinStatic joins the configured peers, retrying until one answers (meanwhile this
+// node serves on its own), and then keeps joining those that are not live members:
+// memberlist forgets a dead member 30 s after it died and never contacts it again, so
+// a peer that was down at our join, or a netsplit longer than that, would otherwise
+// leave the cluster apart for good.
 func (c *Cluster) joinStatic() {
 	peers := c.others(c.cfg.Join)
 	if len(peers) == 0 {
@@ -199,13 +224,19 @@ func (c *Cluster) joinStatic() {
 	}
 	delay := 500 * time.Millisecond
 	for {
-		n, err := c.ml.Join(peers)
-		if n > 0 {
-			c.joined.Store(true)
-			c.log.Info("joined the cluster", "contacted", n, "members", c.ml.NumMembers())
-			return
+		if missing := c.missing(peers); len(missing) > 0 {
+			n, err := c.ml.Join(missing)
+			switch {
+			case n > 0 && !c.joined.Swap(true):
+				c.log.Info("joined the cluster", "contacted", n, "members", c.ml.NumMembers())
+			case n > 0:
+				c.log.Info("joined configured peers that were not members", "contacted", n, "members", c.ml.NumMembers())
+			case !c.joined.Load():
+				c.log.Debug("no peer answered yet; serving on our own and retrying", "peers", missing, "error", err, "retry_in", delay)
+			default:
+				c.log.Debug("configured peers that are not members did not answer", "peers", missing, "error", err)
+			}
 		}
-		c.log.Debug("no peer answered yet; serving on our own and retrying", "peers", peers, "error", err, "retry_in", delay)
 		select {
 		case <-c.stop:
 			return
@@ -213,6 +244,21 @@ func (c *Cluster) joinStatic() {
 		}
 		delay = min(delay*2, 5*time.Second)
 	}
+}
+
+// missing returns the peers that are not the address of a live member.
+func (c *Cluster) missing(peers []string) []string {
+	live := map[string]bool{}
+	for _, n := range c.peers() {
+		live[n.Address()] = true
+	}
+	var out []string
+	for _, p := range peers {
+		if host, port, err := splitHostPort(p); err != nil || !live[net.JoinHostPort(host, strconv.Itoa(port))] {
+			out = append(out, p)
+		}
+	}
+	return out
 }
 
 // joinDNS resolves the DNS name periodically and joins the addresses that are not
@@ -229,7 +275,7 @@ func (c *Cluster) joinDNS() {
 			c.log.Warn("resolving CLUSTER_DNS_NAME", "name", c.cfg.DNSName, "error", err)
 		} else {
 			known := map[string]bool{}
-			for _, n := range c.ml.Members() {
+			for _, n := range c.peers() {
 				known[n.Address()] = true
 			}
 			var targets []string
@@ -338,12 +384,9 @@ func (c *Cluster) flush(now int64) {
 	}
 
 	if len(msgs) > 0 {
-		for _, n := range c.ml.Members() {
-			if n.Name == c.cfg.NodeName {
-				continue
-			}
+		for _, n := range c.peers() {
 			for _, msg := range msgs {
-				if err := c.ml.SendBestEffort(n, msg); err != nil {
+				if err := c.ml.SendBestEffort(&n, msg); err != nil {
 					c.m.sendErrors.Inc()
 					continue
 				}
@@ -358,13 +401,7 @@ func (c *Cluster) flush(now int64) {
 		for _, k := range keys[:changed] {
 			touched[k] = struct{}{}
 		}
-		for k := range touched {
-			if s, ok := c.lim.Lookup(k); ok && s.Limit > 0 && s.EndMS > now {
-				if c.slots.share(k, s) {
-					c.m.capped.Inc()
-				}
-			}
-		}
+		c.m.capped.Add(float64(c.slots.shareTick(touched, now)))
 	}
 }
 
@@ -505,23 +542,61 @@ func kind(join bool) string {
 	return "push_pull"
 }
 
-// events keeps the members gauge current.
+// events keeps the members gauge current, and exchanges state with a member that
+// comes back after memberlist declared it dead (a healed netsplit): the values sent to
+// it meanwhile were lost, and memberlist's own push/pull may be 30 s away.
 type events Cluster
+
+// maxGone bounds the names of departed members kept to notice their return.
+const maxGone = 4096
 
 // NotifyJoin is also called for this node, from memberlist.Create, before c.ml is set.
 func (e *events) NotifyJoin(n *memberlist.Node) {
 	c := (*Cluster)(e)
 	c.m.members.Add(1)
 	c.log.Info("member joined", "member", n.Name, "addr", n.Address())
+	c.membersMu.Lock()
+	c.members[n.Name] = *n
+	_, back := c.gone[n.Name]
+	delete(c.gone, n.Name)
+	c.membersMu.Unlock()
+	if back {
+		// Not from this callback: memberlist holds its lock while it calls it.
+		name, addr := n.Name, n.Address()
+		go func() {
+			select {
+			case <-c.stop:
+				return
+			default:
+			}
+			if _, err := c.ml.Join([]string{addr}); err != nil {
+				c.log.Warn("exchanging state with a member that came back", "member", name, "error", err)
+			}
+		}()
+	}
 }
 
 func (e *events) NotifyLeave(n *memberlist.Node) {
 	c := (*Cluster)(e)
 	c.m.members.Sub(1)
 	c.log.Info("member left", "member", n.Name, "addr", n.Address())
+	c.membersMu.Lock()
+	delete(c.members, n.Name)
+	if len(c.gone) >= maxGone {
+		clear(c.gone)
+	}
+	c.gone[n.Name] = struct{}{}
+	c.membersMu.Unlock()
 }
 
-func (e *events) NotifyUpdate(*memberlist.Node) {}
+func (e *events) NotifyUpdate(n *memberlist.Node) {
+	c := (*Cluster)(e)
+	c.membersMu.Lock()
+	if _, ok := c.members[n.Name]; ok {
+		c.members[n.Name] = *n
+	}
+	c.membersMu.Unlock()
+}
 
 // logWriter turns memberlist's log lines into structured logs: errors and warnings at
 // their level, the rest at debug.

@@ -202,11 +202,23 @@ func (s *slots) each(now int64, f func(origin string, k limiter.Key, sl slot)) {
 	}
 }
 
+// shareTick runs share mode for the keys merged or counted since the last tick and
+// returns how many it capped.
+func (s *slots) shareTick(keys map[limiter.Key]struct{}, now int64) (capped int) {
+	for k := range keys {
+		if snap, ok := s.lim.Lookup(k); ok && snap.EndMS > now && s.share(k, snap) {
+			capped++
+		}
+	}
+	return capped
+}
+
 // share decides share mode for one key: when the budget left, less what the other
-// nodes are likely to have admitted since they last reported, would run out within
-// about two sync intervals at the observed rates, this node may admit at most its
-// share of what is left, in proportion to its own rate. A node that is the only one
-// with traffic is never bound.
+// nodes are likely to have admitted since they last reported (half an interval at their
+// rate: reports are that old on average), would run out within about two sync
+// intervals at the observed rates, this node may admit at most its share of what is
+// left, in proportion to its own rate. A node that is the only one with traffic is
+// never bound.
 func (s *slots) share(k limiter.Key, snap limiter.Snapshot) (capped bool) {
 	s.mu.Lock()
 	ks := s.keys[k]
@@ -222,11 +234,13 @@ func (s *slots) share(k limiter.Key, snap limiter.Snapshot) (capped bool) {
 	ks.prevOwn, ks.prevRemote = snap.Own, snap.Remote
 	s.mu.Unlock()
 
-	if remoteRate == 0 {
+	// Without a hit of its own (no limit yet) the rates are only noted, so that counts
+	// the others made before this node's first hit are not taken for one interval's rate.
+	if remoteRate == 0 || snap.Limit == 0 {
 		s.lim.ClearCap(k)
 		return false
 	}
-	left := int64(snap.Limit) - int64(snap.Own) - int64(snap.Remote) - int64(remoteRate)
+	left := int64(snap.Limit) - int64(snap.Own) - int64(snap.Remote) - int64(remoteRate)/2
 	if left >= 2*int64(ownRate+remoteRate) {
 		s.lim.ClearCap(k)
 		return false

@@ -193,19 +193,19 @@ func (l *Limiter) NowMS() int64 { return l.now() }
 // what the other nodes reported, and share mode may bound this node's part.
 func (l *Limiter) Check(k Key, n uint32, lim Limit) Result {
 	now, w, end := l.window(lim)
-	e, own := l.add(k, n, w, end, windowMS(lim))
+	e, own, ok := l.add(k, n, w, end, windowMS(lim), true)
 	if e.ext == nil {
 		return decide(own <= lim.Count, own, lim, now, end)
 	}
 	total := e.ext.total(own, w)
 	e.ext.noteLimit(lim.Count)
-	return decide(total <= lim.Count && e.ext.withinCap(own, w), total, lim, now, end)
+	return decide(ok && total <= lim.Count, total, lim, now, end)
 }
 
 // Record adds n hits to k without deciding: the result is always allowed.
 func (l *Limiter) Record(k Key, n uint32, lim Limit) Result {
 	_, w, end := l.window(lim)
-	e, own := l.add(k, n, w, end, windowMS(lim))
+	e, own, _ := l.add(k, n, w, end, windowMS(lim), false)
 	if e.ext != nil {
 		own = e.ext.total(own, w)
 		e.ext.noteLimit(lim.Count)
@@ -255,16 +255,20 @@ func (l *Limiter) shard(k Key) *shard {
 	return &l.shards[h%numShards]
 }
 
-// add adds n to k's count in window w and returns the entry and its new count.
-func (l *Limiter) add(k Key, n uint32, w uint32, end int64, size uint32) (*entry, uint32) {
+// add adds n to k's count in window w and returns the entry and its new count. With
+// capped, a share-mode bound on this node's count applies: hits over it are refused
+// without counting (ok false), so they do not use up the other nodes' budget.
+func (l *Limiter) add(k Key, n uint32, w uint32, end int64, size uint32, capped bool) (e *entry, count uint32, ok bool) {
 	s := l.shard(k)
 	s.mu.RLock()
-	e := s.get(k)
+	e = s.get(k)
 	if e != nil {
-		c := e.add(n, w, end, size)
-		s.noteChanged(k, e)
+		count, ok = e.add(n, w, end, size, maxOwn(e, w, capped))
+		if ok {
+			s.noteChanged(k, e)
+		}
 		s.mu.RUnlock()
-		return e, c
+		return e, count, ok
 	}
 	s.mu.RUnlock()
 
@@ -273,10 +277,19 @@ func (l *Limiter) add(k Key, n uint32, w uint32, end int64, size uint32) (*entry
 	if e == nil {
 		e = s.insert(k, l.replicated)
 	}
-	c := e.add(n, w, end, size)
-	s.noteChanged(k, e)
+	count, ok = e.add(n, w, end, size, maxOwn(e, w, capped))
+	if ok {
+		s.noteChanged(k, e)
+	}
 	s.mu.Unlock()
-	return e, c
+	return e, count, ok
+}
+
+func maxOwn(e *entry, w uint32, capped bool) uint32 {
+	if !capped || e.ext == nil {
+		return math.MaxUint32
+	}
+	return e.ext.capFor(w)
 }
 
 // current returns the count of window w and the window index it belongs to. A window
@@ -291,13 +304,18 @@ func (e *entry) current(w, size uint32) (count, window uint32) {
 	return 0, w
 }
 
-func (e *entry) add(n, w uint32, end int64, size uint32) uint32 {
+// add adds n to the count of window w unless that would take it over maxOwn, and
+// returns the count and whether it added.
+func (e *entry) add(n, w uint32, end int64, size, maxOwn uint32) (uint32, bool) {
 	for {
 		old := e.state.Load()
 		sw := uint32(old >> 32)
 		var count uint32
 		if sw == w || (int32(sw-w) > 0 && e.sizeMS.Load() == size) {
 			count, w = uint32(old), sw
+		}
+		if maxOwn != math.MaxUint32 && (count >= maxOwn || n > maxOwn-count) {
+			return count, false
 		}
 		if count > math.MaxUint32-n {
 			count = math.MaxUint32
@@ -309,7 +327,7 @@ func (e *entry) add(n, w uint32, end int64, size uint32) uint32 {
 				e.sizeMS.Store(size)
 				e.endMS.Store(end)
 			}
-			return count
+			return count, true
 		}
 	}
 }

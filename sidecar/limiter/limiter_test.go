@@ -2,6 +2,7 @@ package limiter
 
 import (
 	"fmt"
+	"math"
 	"runtime"
 	"strconv"
 	"sync"
@@ -186,8 +187,8 @@ func TestLateCallerDoesNotResetANewerWindow(t *testing.T) {
 	size := windowMS(perSecond)
 	// Window 7 has 2 hits; a caller that read the clock in window 6 adds to window 7.
 	e := l.shard(k).insert(k, false)
-	e.add(2, 7, 8000, size)
-	if got := e.add(1, 6, 7000, size); got != 3 {
+	e.add(2, 7, 8000, size, math.MaxUint32)
+	if got, _ := e.add(1, 6, 7000, size, math.MaxUint32); got != 3 {
 		t.Fatalf("late add = %d, want 3 (counted in the newer window)", got)
 	}
 	if got, w := e.current(7, size); got != 3 || w != 7 {

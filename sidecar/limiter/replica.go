@@ -40,9 +40,12 @@ func (r *replica) total(own, w uint32) uint32 {
 	return own
 }
 
-func (r *replica) withinCap(own, w uint32) bool {
-	v := r.cap.Load()
-	return v == 0 || uint32(v>>32) != w || own < uint32(v)
+// capFor returns the share-mode bound on this node's count in window w.
+func (r *replica) capFor(w uint32) uint32 {
+	if v := r.cap.Load(); v != 0 && uint32(v>>32) == w {
+		return uint32(v) - 1
+	}
+	return math.MaxUint32
 }
 
 func (r *replica) noteLimit(limit uint32) {

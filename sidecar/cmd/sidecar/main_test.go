@@ -84,7 +84,18 @@ type sidecar struct {
 // start starts the sidecar with env added to a clean copy of the test's environment.
 func start(t *testing.T, env map[string]string) *sidecar {
 	t.Helper()
+	return startIn(t, "", env)
+}
+
+// startIn starts the sidecar in the network namespace netns, or in the test's own
+// when netns is "".
+func startIn(t *testing.T, netns string, env map[string]string) *sidecar {
+	t.Helper()
 	cmd := exec.Command(binary)
+	if netns != "" {
+		// ip execs the sidecar in its own process: signals and Pdeathsig reach it.
+		cmd = exec.Command("ip", "netns", "exec", netns, binary)
+	}
 	for _, kv := range os.Environ() {
 		keep := true
 		for _, p := range configVars {

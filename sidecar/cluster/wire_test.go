@@ -1,0 +1,237 @@
+package cluster
+
+import (
+	"bytes"
+	"encoding/binary"
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"reflect"
+	"strings"
+	"testing"
+)
+
+// encode is the inverse of decode: one message holding all of m's values.
+func encode(m message) []byte {
+	p := newPacker(m.sentAt, m.origin, math.MaxInt)
+	for _, v := range m.values {
+		p.add(v)
+	}
+	msgs := p.messages()
+	if len(msgs) == 0 {
+		return p.header(0)
+	}
+	return msgs[0]
+}
+
+func sameMessage(a, b message) bool {
+	if len(a.values) == 0 && len(b.values) == 0 {
+		a.values, b.values = nil, nil
+	}
+	return reflect.DeepEqual(a, b)
+}
+
+var sampleValues = []value{
+	{bucket: "login_ip", id: "203.0.113.7", sizeMS: 60_000, endMS: 1_700_000_100_000, count: 5},
+	{bucket: "token_create", id: "2001:db8::1", sizeMS: 1, endMS: 1_700_000_000_001, count: 0},
+	{bucket: "b", id: strings.Repeat("é", maxString/2), sizeMS: math.MaxUint32, endMS: 0, count: math.MaxUint32},
+	// A window that ended before the message was sent: a negative offset on the wire.
+	{bucket: "upload", id: "t", sizeMS: 1000, endMS: 1_699_999_999_000, count: 1},
+}
+
+func TestWireRoundTrip(t *testing.T) {
+	p := newPacker(1_700_000_000_000, "node-1#0123456789abcdef", maxPacket)
+	for _, v := range sampleValues {
+		p.add(v)
+	}
+	msgs := p.messages()
+	if len(msgs) != 1 {
+		t.Fatalf("%d messages for %d small values", len(msgs), len(sampleValues))
+	}
+	m, err := decode(msgs[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := message{sentAt: 1_700_000_000_000, origin: "node-1#0123456789abcdef", values: sampleValues}
+	if !sameMessage(m, want) {
+		t.Fatalf("decoded %+v\nwant %+v", m, want)
+	}
+	// The decoded strings are copies: reusing the buffer changes nothing.
+	clear(msgs[0])
+	if !sameMessage(m, want) {
+		t.Fatal("decoded strings share the message's buffer")
+	}
+	if p := newPacker(1, "x", maxPacket); p.messages() != nil {
+		t.Fatal("an empty packer produced a message")
+	}
+}
+
+func TestPackerRespectsTheSizeLimit(t *testing.T) {
+	rng := rand.New(rand.NewPCG(1, 2))
+	const sentAt = 1_700_000_000_000
+	origin := strings.Repeat("n", 128) + "#0123456789abcdef" // the longest node name
+	var values []value
+	for i := range 3000 {
+		values = append(values, value{
+			bucket: fmt.Sprintf("bucket_%d", i%7),
+			id:     fmt.Sprintf("%d-%s", i, strings.Repeat("k", rng.IntN(maxString-10))),
+			sizeMS: uint32(1 + rng.IntN(86_400_000)),
+			endMS:  sentAt + rng.Int64N(86_400_000),
+			count:  rng.Uint32(),
+		})
+	}
+	for _, limit := range []int{maxPacket, 700} {
+		p := newPacker(sentAt, origin, limit)
+		for _, v := range values {
+			p.add(v)
+		}
+		msgs := p.messages()
+		var got []value
+		for i, b := range msgs {
+			if len(b) > limit {
+				t.Fatalf("limit %d: message %d is %d bytes", limit, i, len(b))
+			}
+			m, err := decode(b)
+			if err != nil {
+				t.Fatalf("limit %d: message %d: %v", limit, i, err)
+			}
+			if m.origin != origin || m.sentAt != sentAt || len(m.values) == 0 {
+				t.Fatalf("limit %d: message %d: origin %q sentAt %d, %d values", limit, i, m.origin, m.sentAt, len(m.values))
+			}
+			// A message is closed only when the next value would not fit.
+			if i+1 < len(msgs) {
+				next, _ := decode(msgs[i+1])
+				if n := len(encode(message{sentAt, origin, append(m.values, next.values[0])})); n <= limit {
+					t.Fatalf("limit %d: message %d closed at %d bytes though the next value fit (%d)", limit, i, len(b), n)
+				}
+			}
+			got = append(got, m.values...)
+		}
+		if !reflect.DeepEqual(got, values) {
+			t.Fatalf("limit %d: %d values in %d messages, want each of the %d once, in order", limit, len(got), len(msgs), len(values))
+		}
+		t.Logf("limit %d: %d values in %d messages", limit, len(values), len(msgs))
+	}
+}
+
+func TestDecodeStateRoundTrip(t *testing.T) {
+	var msgs [][]byte
+	var want []message
+	for i, origin := range []string{"a#1", "b#2", "c#3"} {
+		m := message{sentAt: int64(1_700_000_000_000 + i), origin: origin, values: sampleValues[:i+1]}
+		msgs = append(msgs, encode(m))
+		want = append(want, m)
+	}
+	got, err := decodeState(appendState(nil, msgs...))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != len(want) {
+		t.Fatalf("%d messages, want %d", len(got), len(want))
+	}
+	for i := range got {
+		if !sameMessage(got[i], want[i]) {
+			t.Fatalf("message %d: %+v, want %+v", i, got[i], want[i])
+		}
+	}
+	if got, err := decodeState(nil); err != nil || len(got) != 0 {
+		t.Fatalf("empty state: %v, %v", got, err)
+	}
+}
+
+// malformed lists inputs decode must reject, by what is wrong with them.
+func malformed() map[string][]byte {
+	valid := encode(message{sentAt: 1_700_000_000_000, origin: "a#1", values: sampleValues[:2]})
+	hdr := func(n uint64) []byte {
+		b := []byte{version}
+		b = binary.AppendVarint(b, 1_700_000_000_000)
+		b = appendString(b, "a#1")
+		return binary.AppendUvarint(b, n)
+	}
+	val := func(b []byte, bucket, id string, size, count uint64) []byte {
+		b = appendString(b, bucket)
+		b = appendString(b, id)
+		b = binary.AppendUvarint(b, size)
+		b = binary.AppendVarint(b, 1000)
+		return binary.AppendUvarint(b, count)
+	}
+	hugeString := binary.AppendUvarint(hdr(1), 1<<40)
+	out := map[string][]byte{
+		"empty":                  {},
+		"version 0":              append([]byte{0}, valid[1:]...),
+		"version 2":              append([]byte{2}, valid[1:]...),
+		"trailing byte":          append(bytes.Clone(valid), 0),
+		"trailing value":         val(hdr(0), "b", "x", 1, 1),
+		"no origin":              binary.AppendUvarint(binary.AppendUvarint(binary.AppendVarint([]byte{version}, 1), 0), 0),
+		"huge count of values":   hdr(1 << 60),
+		"more values than bytes": append(hdr(100), make([]byte, 99)...),
+		"huge string length":     append(hugeString, make([]byte, 64)...),
+		"string over the bound":  val(hdr(1), "b", strings.Repeat("x", maxString+1), 1, 1),
+		"window of 0 ms":         val(hdr(1), "b", "x", 0, 1),
+		"window over 32 bits":    val(hdr(1), "b", "x", 1<<32, 1),
+		"count over 32 bits":     val(hdr(1), "b", "x", 1, 1<<32),
+		"overlong varint":        append([]byte{version}, bytes.Repeat([]byte{0xff}, 11)...),
+	}
+	for i := 1; i < len(valid); i++ {
+		out[fmt.Sprintf("truncated to %d bytes", i)] = valid[:i]
+	}
+	return out
+}
+
+func TestDecodeRejectsMalformedInput(t *testing.T) {
+	for name, b := range malformed() {
+		if m, err := decode(b); err == nil {
+			t.Errorf("%s: decoded %+v", name, m)
+		}
+	}
+	valid := encode(message{sentAt: 1, origin: "a#1", values: sampleValues[:1]})
+	for name, b := range map[string][]byte{
+		"length past the end":  appendState(nil, valid)[:len(valid)],
+		"huge length":          binary.AppendUvarint(nil, 1<<62),
+		"bad length varint":    bytes.Repeat([]byte{0x80}, 3),
+		"malformed message":    appendState(appendState(nil, valid), valid[:len(valid)-1]),
+		"a message then junk":  append(appendState(nil, valid), 0x05, 0x01),
+		"empty message inside": appendState(nil, valid, nil),
+	} {
+		if ms, err := decodeState(b); err == nil {
+			t.Errorf("state %s: decoded %+v", name, ms)
+		}
+	}
+}
+
+// FuzzDecode feeds decode and decodeState arbitrary bytes: they must never panic, and
+// what they accept must encode back to the same messages. The seed corpus is in
+// testdata/fuzz/FuzzDecode; run longer with go test -fuzz=FuzzDecode ./sidecar/cluster/.
+func FuzzDecode(f *testing.F) {
+	f.Add(encode(message{sentAt: 1_700_000_000_000, origin: "a#1", values: sampleValues}))
+	f.Add(appendState(nil, encode(message{sentAt: 5, origin: "b#2", values: sampleValues[1:2]}), encode(message{sentAt: -5, origin: "c"})))
+	for _, b := range malformed() {
+		f.Add(b)
+	}
+	f.Fuzz(func(t *testing.T, b []byte) {
+		if m, err := decode(b); err == nil {
+			again, err := decode(encode(m))
+			if err != nil {
+				t.Fatalf("re-encoding %+v: %v", m, err)
+			}
+			if !sameMessage(m, again) {
+				t.Fatalf("round trip changed %+v into %+v", m, again)
+			}
+		}
+		if ms, err := decodeState(b); err == nil {
+			var msgs [][]byte
+			for _, m := range ms {
+				msgs = append(msgs, encode(m))
+			}
+			again, err := decodeState(appendState(nil, msgs...))
+			if err != nil || len(again) != len(ms) {
+				t.Fatalf("re-encoding state of %d messages: %d, %v", len(ms), len(again), err)
+			}
+			for i := range ms {
+				if !sameMessage(ms[i], again[i]) {
+					t.Fatalf("state round trip changed message %d: %+v into %+v", i, ms[i], again[i])
+				}
+			}
+		}
+	})
+}

@@ -1,0 +1,1061 @@
+package main
+
+// Cluster tests: every node is a process of the built sidecar, on loopback (or in its own
+// network namespace for the netsplit), with real memberlist between them. The limits
+// they use have one-hour windows and the nodes' clocks are shifted
+// (SIDECAR_TEST_CLOCK_OFFSET_MS) to just after the start of an hour, so that no window
+// ends during a test; the clock-skew test uses 5 s windows and says how it copes.
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/base64"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"maps"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	authv3 "github.com/envoyproxy/go-control-plane/envoy/service/auth/v3"
+	"golang.org/x/sys/unix"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+
+	"github.com/converger/edge/shared/limiterclient"
+	"github.com/converger/edge/sidecar/cluster"
+)
+
+const syncInterval = 100 * time.Millisecond
+
+// hourLimits are the limits of most cluster tests: login_ip 5 and token_create 10 for
+// the budgets, password_reset_ip for counts that never reach a limit.
+const hourLimits = `limits:
+  login_ip: {limit: 5, window: 1h}
+  token_create: {limit: 10, window: 1h}
+  password_reset_ip: {limit: 1000, window: 1h}
+`
+
+// clockOffset returns the SIDECAR_TEST_CLOCK_OFFSET_MS that puts a clock 1 s into a
+// fresh window of the given length (at most a day).
+func clockOffset(window time.Duration) int64 {
+	w := window.Milliseconds()
+	now := time.Now().UnixMilli()
+	return (now/w+1)*w + 1000 - now
+}
+
+func writeTemp(t *testing.T, name, content string) string {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), name)
+	if err := os.WriteFile(path, []byte(content), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
+
+var (
+	portsMu   sync.Mutex
+	portsUsed = map[int]bool{}
+)
+
+// freePort returns a loopback port free for both TCP and UDP (memberlist binds both),
+// never the same twice in this test binary.
+func freePort(t *testing.T) int {
+	t.Helper()
+	for range 100 {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		port := l.Addr().(*net.TCPAddr).Port
+		u, err := net.ListenPacket("udp", net.JoinHostPort("127.0.0.1", strconv.Itoa(port)))
+		l.Close()
+		if err != nil {
+			continue
+		}
+		u.Close()
+		portsMu.Lock()
+		used := portsUsed[port]
+		portsUsed[port] = true
+		portsMu.Unlock()
+		if !used {
+			return port
+		}
+	}
+	t.Fatal("no free port for TCP and UDP")
+	return 0
+}
+
+// node is one sidecar process of a cluster, with clients of its gRPC and HTTP servers.
+type node struct {
+	*sidecar
+	t        *testing.T
+	name     string
+	netns    string
+	env      map[string]string
+	grpcAddr string
+	httpAddr string
+	limiter  *limiterclient.Client
+	authz    authv3.AuthorizationClient
+	http     *http.Client
+}
+
+// startNode starts a sidecar (in netns unless "") and connects to it. The caller stops
+// it with terminate.
+func startNode(t *testing.T, netns, name string, env map[string]string) *node {
+	t.Helper()
+	n := startNodeClients(t, netns, startIn(t, netns, env))
+	n.name, n.env = name, env
+	return n
+}
+
+// terminate stops the nodes that still run, all at once: SIGTERM, then SIGKILL for a
+// node that has not exited within 10 s. A node must exit with status 0 (a race found
+// by the race detector in a node makes it exit with 66).
+func terminate(t *testing.T, nodes ...*node) {
+	var wg sync.WaitGroup
+	for _, n := range nodes {
+		select {
+		case <-n.done:
+			continue // killed by the test
+		default:
+		}
+		wg.Go(func() {
+			_ = n.cmd.Process.Signal(syscall.SIGTERM)
+			select {
+			case <-n.done:
+			case <-time.After(10 * time.Second):
+				_ = n.cmd.Process.Kill()
+				<-n.done
+				t.Errorf("%s did not stop within 10 s of SIGTERM; stderr:\n%s", n.name, tail(n.stderr.String()))
+				return
+			}
+			if n.err != nil {
+				t.Errorf("%s exited with %v after SIGTERM; stderr:\n%s", n.name, n.err, tail(n.stderr.String()))
+			}
+		})
+	}
+	wg.Wait()
+}
+
+// tail is the end of a process's log.
+func tail(s string) string {
+	const max = 8000
+	if len(s) > max {
+		return "…" + s[len(s)-max:]
+	}
+	return s
+}
+
+// nodeEnv is a cluster node's environment on loopback.
+func nodeEnv(name string, port int, join []int, yamlPath string, offsetMS int64) map[string]string {
+	var peers []string
+	for _, p := range join {
+		peers = append(peers, net.JoinHostPort("127.0.0.1", strconv.Itoa(p)))
+	}
+	env := map[string]string{
+		"SIDECAR_GRPC_ADDR":            "127.0.0.1:0",
+		"SIDECAR_HTTP_ADDR":            "127.0.0.1:0",
+		"LOG_FORMAT":                   "json",
+		"LOG_LEVEL":                    "info",
+		"CLUSTER_STRATEGY":             "static",
+		"CLUSTER_JOIN":                 strings.Join(peers, ","),
+		"CLUSTER_BIND_ADDR":            net.JoinHostPort("127.0.0.1", strconv.Itoa(port)),
+		"CLUSTER_INSECURE":             "true",
+		"RATE_LIMIT_SYNC_INTERVAL_MS":  strconv.Itoa(int(syncInterval.Milliseconds())),
+		"RATE_LIMIT_CONFIG":            yamlPath,
+		"SIDECAR_TEST_CLOCK_OFFSET_MS": strconv.FormatInt(offsetMS, 10),
+	}
+	if name != "" {
+		env["CLUSTER_NODE_NAME"] = name
+	}
+	return env
+}
+
+// startCluster starts n nodes named n1, n2, ... on loopback, each with every node in
+// CLUSTER_JOIN, and waits until each sees all. tweak, when not nil, changes node i's
+// environment first.
+func startCluster(t *testing.T, n int, yaml string, offsetMS int64, tweak func(i int, env map[string]string)) []*node {
+	t.Helper()
+	path := writeTemp(t, "limits.yaml", yaml)
+	var ports []int
+	for range n {
+		ports = append(ports, freePort(t))
+	}
+	var procs []*sidecar
+	var envs []map[string]string
+	for i := range n {
+		env := nodeEnv(fmt.Sprintf("n%d", i+1), ports[i], ports, path, offsetMS)
+		if tweak != nil {
+			tweak(i, env)
+		}
+		envs = append(envs, env)
+		procs = append(procs, startIn(t, "", env)) // started together, connected below
+	}
+	var nodes []*node
+	t.Cleanup(func() { terminate(t, nodes...) })
+	for i, p := range procs {
+		n := startNodeClients(t, "", p)
+		n.name, n.env = fmt.Sprintf("n%d", i+1), envs[i]
+		nodes = append(nodes, n)
+	}
+	waitMembers(t, nodes, names(nodes), 20*time.Second)
+	return nodes
+}
+
+// startNodeClients waits for a started sidecar to serve and makes its clients: of its
+// Limiter and Authorization services, and of its HTTP endpoints.
+func startNodeClients(t *testing.T, netns string, s *sidecar) *node {
+	t.Helper()
+	n := &node{t: t, netns: netns, sidecar: s}
+	n.grpcAddr, n.httpAddr = s.addrs(60 * time.Second)
+	var opts []grpc.DialOption
+	transport := &http.Transport{}
+	if netns != "" {
+		dial := nsDialer(netns)
+		opts = append(opts, grpc.WithContextDialer(func(ctx context.Context, addr string) (net.Conn, error) {
+			return dial(ctx, "tcp", addr)
+		}))
+		transport.DialContext = dial
+	}
+	var err error
+	if n.limiter, err = limiterclient.New(n.grpcAddr, opts...); err != nil {
+		t.Fatal(err)
+	}
+	conn, err := grpc.NewClient(n.grpcAddr, append(opts, grpc.WithTransportCredentials(insecure.NewCredentials()))...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	n.authz = authv3.NewAuthorizationClient(conn)
+	n.http = &http.Client{Timeout: 5 * time.Second, Transport: transport}
+	t.Cleanup(func() {
+		n.limiter.Close()
+		conn.Close()
+		transport.CloseIdleConnections()
+	})
+	return n
+}
+
+func names(nodes []*node) []string {
+	var out []string
+	for _, n := range nodes {
+		out = append(out, n.name)
+	}
+	return out
+}
+
+// eventually polls cond every 10 ms until it holds, for at most timeout, and returns how
+// long that took; cond describes the state it saw, for the failure message.
+func eventually(t *testing.T, timeout time.Duration, what string, cond func() (bool, string)) time.Duration {
+	t.Helper()
+	start := time.Now()
+	for {
+		ok, state := cond()
+		if ok {
+			return time.Since(start)
+		}
+		if time.Since(start) > timeout {
+			t.Fatalf("%s: not within %v; last seen: %s", what, timeout, state)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+type readiness struct {
+	Status  string   `json:"status"`
+	Size    int      `json:"cluster_size"`
+	Members []string `json:"cluster_members"`
+}
+
+func (n *node) getJSON(path string, v any) {
+	n.t.Helper()
+	resp, err := n.http.Get("http://" + n.httpAddr + path)
+	if err != nil {
+		n.t.Fatalf("%s: GET %s: %v", n.name, path, err)
+	}
+	defer resp.Body.Close()
+	if err := json.NewDecoder(resp.Body).Decode(v); err != nil {
+		n.t.Fatalf("%s: GET %s: %d, %v", n.name, path, resp.StatusCode, err)
+	}
+}
+
+func (n *node) readyz() readiness {
+	n.t.Helper()
+	var r readiness
+	n.getJSON("/readyz", &r)
+	slices.Sort(r.Members)
+	return r
+}
+
+// waitMembers waits until every node reports exactly the members want.
+func waitMembers(t *testing.T, nodes []*node, want []string, timeout time.Duration) time.Duration {
+	t.Helper()
+	want = slices.Sorted(slices.Values(want))
+	return eventually(t, timeout, fmt.Sprintf("every node reports the members %v", want), func() (bool, string) {
+		var seen []string
+		ok := true
+		for _, n := range nodes {
+			r := n.readyz()
+			seen = append(seen, fmt.Sprintf("%s: %s %d %v", n.name, r.Status, r.Size, r.Members))
+			ok = ok && r.Status == "ready" && r.Size == len(want) && slices.Equal(r.Members, want)
+		}
+		return ok, strings.Join(seen, "; ")
+	})
+}
+
+func (n *node) debug(bucket, key string) cluster.DebugCounter {
+	n.t.Helper()
+	var d cluster.DebugCounter
+	n.getJSON("/debug/counter?bucket="+bucket+"&key="+key, &d)
+	return d
+}
+
+// slotsByNode returns a counter's remote slots on n by the node name of their origin.
+func slotsByNode(d cluster.DebugCounter) map[string]uint32 {
+	out := map[string]uint32{}
+	for _, s := range d.Slots {
+		name, _, _ := strings.Cut(s.Origin, "#")
+		out[name] += s.Count
+	}
+	return out
+}
+
+// metric sums the samples of a metric whose labels include every one of labels.
+func (n *node) metric(name string, labels ...string) float64 {
+	n.t.Helper()
+	resp, err := n.http.Get("http://" + n.httpAddr + "/metrics")
+	if err != nil {
+		n.t.Fatalf("%s: /metrics: %v", n.name, err)
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if err != nil {
+		n.t.Fatal(err)
+	}
+	sum := 0.0
+	for line := range strings.Lines(string(body)) {
+		rest, ok := strings.CutPrefix(strings.TrimSpace(line), name)
+		if !ok || (rest[0] != ' ' && rest[0] != '{') {
+			continue
+		}
+		match := true
+		for _, l := range labels {
+			match = match && strings.Contains(rest, l)
+		}
+		if !match {
+			continue
+		}
+		f := strings.Fields(rest)
+		v, err := strconv.ParseFloat(f[len(f)-1], 64)
+		if err != nil {
+			n.t.Fatalf("%s: metric line %q", n.name, line)
+		}
+		sum += v
+	}
+	return sum
+}
+
+func (n *node) ctx() (context.Context, context.CancelFunc) {
+	return context.WithTimeout(context.Background(), 5*time.Second)
+}
+
+func (n *node) peek(bucket, key string) limiterclient.Result {
+	n.t.Helper()
+	ctx, cancel := n.ctx()
+	defer cancel()
+	r, err := n.limiter.Peek(ctx, bucket, key)
+	if err != nil {
+		n.t.Fatalf("%s: Peek: %v", n.name, err)
+	}
+	return r
+}
+
+func (n *node) check(bucket, key string) limiterclient.Result {
+	n.t.Helper()
+	ctx, cancel := n.ctx()
+	defer cancel()
+	r, err := n.limiter.Check(ctx, bucket, key, 1)
+	if err != nil {
+		n.t.Fatalf("%s: Check: %v", n.name, err)
+	}
+	return r
+}
+
+func (n *node) record(bucket, key string, hits uint32) limiterclient.Result {
+	n.t.Helper()
+	ctx, cancel := n.ctx()
+	defer cancel()
+	r, err := n.limiter.Record(ctx, bucket, key, hits)
+	if err != nil {
+		n.t.Fatalf("%s: Record: %v", n.name, err)
+	}
+	return r
+}
+
+// createToken asks the node, as Envoy does, about POST /api/v1/tokens from ip (the
+// token_create bucket, counted per IP) and returns whether it is allowed; a denial
+// must be a 429.
+func (n *node) createToken(ip string) bool {
+	n.t.Helper()
+	ctx, cancel := n.ctx()
+	defer cancel()
+	resp, err := n.authz.Check(ctx, &authv3.CheckRequest{Attributes: &authv3.AttributeContext{
+		Source: &authv3.AttributeContext_Peer{Address: &corev3.Address{Address: &corev3.Address_SocketAddress{
+			SocketAddress: &corev3.SocketAddress{Address: ip, PortSpecifier: &corev3.SocketAddress_PortValue{PortValue: 41234}}}}},
+		Request: &authv3.AttributeContext_Request{Http: &authv3.AttributeContext_HttpRequest{
+			Method: "POST", Path: "/api/v1/tokens", Protocol: "HTTP/1.1", Scheme: "http", Host: "api.example.test",
+			Headers: map[string]string{"x-request-id": "cluster-test"},
+		}},
+	}})
+	if err != nil {
+		n.t.Fatalf("%s: ext_authz Check: %v", n.name, err)
+	}
+	if resp.GetStatus().GetCode() == 0 && resp.GetDeniedResponse() == nil {
+		return true
+	}
+	if code := resp.GetDeniedResponse().GetStatus().GetCode(); code != 429 {
+		n.t.Fatalf("%s: denied with %v, want 429: %v", n.name, code, resp)
+	}
+	return false
+}
+
+// (a) A budget used up on one node is enforced by the others within two sync intervals.
+// Not parallel: it measures time, on an otherwise idle machine.
+func TestClusterBudgetUsedUpOnOneNodeIsEnforcedByTheOthers(t *testing.T) {
+	nodes := startCluster(t, 3, hourLimits, clockOffset(time.Hour), nil)
+	// A node sends a changed count at its next flush, at most one interval after the
+	// hit; the value of the flush before is sent once more, so one lost packet costs
+	// one more interval. Loopback adds well under a millisecond; the margin is for
+	// the scheduling of four race-instrumented processes on a small machine and the
+	// polling itself (a Peek every 2 ms).
+	bound := 2*syncInterval + 100*time.Millisecond
+	var seen []time.Duration
+	for round := range 5 {
+		ip := fmt.Sprintf("192.0.2.%d", 10+round)
+		for i := 1; i <= 10; i++ {
+			if !nodes[0].createToken(ip) {
+				t.Fatalf("round %d: request %d of 10 denied on n1", round, i)
+			}
+		}
+		last := time.Now()
+		var wg sync.WaitGroup
+		took := make([]time.Duration, 2)
+		errs := make([]error, 2)
+		for j, n := range nodes[1:] {
+			wg.Go(func() {
+				for {
+					ctx, cancel := n.ctx()
+					r, err := n.limiter.Peek(ctx, "token_create", ip)
+					cancel()
+					switch {
+					case err != nil:
+						errs[j] = err
+						return
+					case !r.Allowed:
+						took[j] = time.Since(last)
+						if r.Count != 10 {
+							errs[j] = fmt.Errorf("%s denies at count %d, want 10", n.name, r.Count)
+						}
+						return
+					case time.Since(last) > 5*time.Second:
+						errs[j] = fmt.Errorf("%s still allows after 5 s (count %d)", n.name, r.Count)
+						return
+					}
+					time.Sleep(2 * time.Millisecond)
+				}
+			})
+		}
+		wg.Wait()
+		if err := errors.Join(errs...); err != nil {
+			t.Fatalf("round %d: %v", round, err)
+		}
+		for j, d := range took {
+			if d > bound {
+				t.Errorf("round %d: %s denied %v after the last allowed request on n1, bound %v", round, nodes[j+1].name, d, bound)
+			}
+			seen = append(seen, d)
+		}
+		// Envoy's path on the other nodes answers 429 too, and n1 denies the next one.
+		for _, n := range nodes {
+			if n.createToken(ip) {
+				t.Fatalf("round %d: %s allowed an 11th request", round, n.name)
+			}
+		}
+	}
+	slices.Sort(seen)
+	t.Logf("propagation from n1 to n2/n3 (sync interval %v, bound %v): min %v, median %v, max %v over %d samples",
+		syncInterval, bound, seen[0], seen[len(seen)/2], seen[len(seen)-1], len(seen))
+}
+
+// (b) Use split across nodes adds up, exactly once, however often values are resent.
+func TestClusterCountsAddUpExactlyOnce(t *testing.T) {
+	t.Parallel()
+	nodes := startCluster(t, 3, hourLimits, clockOffset(time.Hour), nil)
+	const bucket, key = "password_reset_ip", "198.51.100.20"
+	hits := []uint32{3, 4, 2}
+	var wg sync.WaitGroup
+	for i, n := range nodes {
+		wg.Go(func() {
+			for range hits[i] {
+				ctx, cancel := n.ctx()
+				_, err := n.limiter.Record(ctx, bucket, key, 1)
+				cancel()
+				if err != nil {
+					t.Errorf("%s: Record: %v", n.name, err)
+					return
+				}
+				time.Sleep(30 * time.Millisecond) // spread over flushes
+			}
+		})
+	}
+	wg.Wait()
+	state := func() (bool, string) {
+		var s []string
+		ok := true
+		for _, n := range nodes {
+			d, p := n.debug(bucket, key), n.peek(bucket, key)
+			s = append(s, fmt.Sprintf("%s: own %d remote %d peek %d", n.name, d.Own, d.Remote, p.Count))
+			ok = ok && d.Own+d.Remote == 9 && p.Count == 9
+		}
+		return ok, strings.Join(s, "; ")
+	}
+	took := eventually(t, 3*time.Second, "every node counts 3+4+2", state)
+	// Quiet for five more intervals: resends and duplicates change nothing.
+	time.Sleep(5 * syncInterval)
+	if ok, s := state(); !ok {
+		t.Fatalf("the totals moved once quiet: %s", s)
+	}
+	for i, n := range nodes {
+		d := n.debug(bucket, key)
+		want := map[string]uint32{}
+		for j, m := range nodes {
+			if j != i {
+				want[m.name] = hits[j]
+			}
+		}
+		if got := slotsByNode(d); d.Own != hits[i] || len(d.Slots) != 2 || !equalMaps(got, want) {
+			t.Errorf("%s: own %d, slots %+v; want own %d and slots %v", n.name, d.Own, d.Slots, hits[i], want)
+		}
+	}
+	t.Logf("converged %v after the last Record", took)
+}
+
+func equalMaps(a, b map[string]uint32) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for k, v := range a {
+		if w, ok := b[k]; !ok || w != v {
+			return false
+		}
+	}
+	return true
+}
+
+// (c) A node killed with SIGKILL and restarted with the same name and ports gets the
+// counts of the current windows on join: it denies a key used up on it before it
+// died and one used up on another node.
+func TestClusterRestartedNodeGetsStateOnJoin(t *testing.T) {
+	t.Parallel()
+	nodes := startCluster(t, 3, hourLimits, clockOffset(time.Hour), nil)
+	const bucket, onKilled, onOther = "login_ip", "203.0.113.1", "203.0.113.2"
+	for i := 1; i <= 5; i++ {
+		if !nodes[0].check(bucket, onKilled).Allowed || !nodes[1].check(bucket, onOther).Allowed {
+			t.Fatalf("hit %d of 5 denied", i)
+		}
+	}
+	eventually(t, 3*time.Second, "every node denies both keys", func() (bool, string) {
+		var s []string
+		ok := true
+		for _, n := range nodes {
+			a, b := n.peek(bucket, onKilled), n.peek(bucket, onOther)
+			s = append(s, fmt.Sprintf("%s: %d %d", n.name, a.Count, b.Count))
+			ok = ok && !a.Allowed && !b.Allowed
+		}
+		return ok, strings.Join(s, "; ")
+	})
+	oldOrigin := nodes[0].debug(bucket, onKilled).Origin
+
+	old := nodes[0]
+	if err := old.cmd.Process.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	old.wait(10 * time.Second)
+	env := maps.Clone(old.env)
+	env["SIDECAR_GRPC_ADDR"], env["SIDECAR_HTTP_ADDR"] = old.grpcAddr, old.httpAddr
+	n1 := startNode(t, "", "n1", env)
+	t.Cleanup(func() { terminate(t, n1) })
+	if n1.grpcAddr != old.grpcAddr || n1.httpAddr != old.httpAddr {
+		t.Fatalf("restarted on %s/%s, not %s/%s", n1.grpcAddr, n1.httpAddr, old.grpcAddr, old.httpAddr)
+	}
+	// No sync brings these counts: nothing counted them since. Only the state transfer
+	// of the join does.
+	took := eventually(t, 10*time.Second, "the restarted node denies both keys", func() (bool, string) {
+		a, b := n1.peek(bucket, onKilled), n1.peek(bucket, onOther)
+		return !a.Allowed && !b.Allowed, fmt.Sprintf("counts %d and %d", a.Count, b.Count)
+	})
+	for _, key := range []string{onKilled, onOther} {
+		if r := n1.peek(bucket, key); r.Count != 5 {
+			t.Errorf("%s counts %d after the restart, want 5", key, r.Count)
+		}
+		if n1.check(bucket, key).Allowed {
+			t.Errorf("%s allowed on the restarted node", key)
+		}
+	}
+	if got := n1.metric("converger_cluster_state_transfers_total", `direction="received"`, `kind="join"`); got < 1 {
+		t.Errorf("the restarted node received %v join transfers", got)
+	}
+	d := n1.debug(bucket, onKilled)
+	if d.Origin == oldOrigin {
+		t.Errorf("the restarted node reuses its earlier origin %s", oldOrigin)
+	}
+	var oldSlot bool
+	for _, s := range d.Slots {
+		oldSlot = oldSlot || (s.Origin == oldOrigin && s.Count == 5)
+	}
+	if d.Own != 1 || !oldSlot {
+		t.Errorf("restarted node's view of %s: own %d, slots %+v; want own 1 and the earlier origin %s with 5", onKilled, d.Own, d.Slots, oldOrigin)
+	}
+	waitMembers(t, append([]*node{n1}, nodes[1:]...), []string{"n1", "n2", "n3"}, 10*time.Second)
+	t.Logf("the restarted node denied both keys %v after it started", took)
+}
+
+// (e) A node whose clock is one window ahead: what it sends is, on the others, for a
+// window that has not begun, kept until it begins; what it receives is for windows
+// that have ended on its clock, dropped and counted as stale (DESIGN §5).
+func TestClusterClockAhead(t *testing.T) {
+	t.Parallel()
+	const window = 5000 // ms
+	const bucket = "password_reset_ip"
+	yaml := "limits:\n  password_reset_ip: {limit: 1000, window: 5s}\n"
+	offset := clockOffset(time.Hour)
+	nodes := startCluster(t, 3, yaml, offset, func(i int, env map[string]string) {
+		if i == 2 {
+			env["SIDECAR_TEST_CLOCK_OFFSET_MS"] = strconv.FormatInt(offset+window, 10)
+		}
+	})
+	n1, n2, n3 := nodes[0], nodes[1], nodes[2]
+	// The clock of n1 and n2, which the test knows exactly.
+	clock := func() int64 { return time.Now().UnixMilli() + offset }
+	// Observing the pending value takes well under a second; start with at least 3.5 s
+	// of the window left.
+	if left := window - clock()%window; left < 3500 {
+		time.Sleep(time.Duration(left+50) * time.Millisecond)
+	}
+	end := (clock()/window + 1) * window // of the current window of n1 and n2
+
+	const ahead = "198.51.100.30"
+	if r := n3.record(bucket, ahead, 4); r.Count != 4 {
+		t.Fatalf("n3 Record: %+v", r)
+	}
+	for _, n := range []*node{n1, n2} {
+		eventually(t, 2*time.Second, n.name+" holds n3's value for the next window", func() (bool, string) {
+			d := n.debug(bucket, ahead)
+			for _, s := range d.Slots {
+				if strings.HasPrefix(s.Origin, "n3#") && s.WindowEndMS == end+window && s.Count == 4 {
+					return true, ""
+				}
+			}
+			return false, fmt.Sprintf("%+v", d)
+		})
+		d, p := n.debug(bucket, ahead), n.peek(bucket, ahead)
+		if clock() >= end {
+			t.Fatalf("the window ended before the pending value could be checked (machine too slow)")
+		}
+		if d.Remote != 0 || p.Count != 0 {
+			t.Fatalf("%s counts a value of a window that has not begun: remote %d, peek %d", n.name, d.Remote, p.Count)
+		}
+	}
+	// Once the window begins on n1 and n2, the value counts there.
+	time.Sleep(time.Duration(end-clock()) * time.Millisecond)
+	for _, n := range []*node{n1, n2} {
+		eventually(t, time.Second, n.name+" counts n3's value once its window began", func() (bool, string) {
+			p := n.peek(bucket, ahead)
+			return p.Count == 4, fmt.Sprintf("count %d at %d ms into the window", p.Count, clock()-end)
+		})
+	}
+
+	// n1's values are for a window that has ended on n3's clock.
+	const behind = "198.51.100.31"
+	before := n3.metric("converger_cluster_stale_values_dropped_total")
+	n1.record(bucket, behind, 2)
+	eventually(t, 2*time.Second, "n2 counts n1's value", func() (bool, string) {
+		p := n2.peek(bucket, behind)
+		return p.Count == 2, fmt.Sprintf("count %d", p.Count)
+	})
+	eventually(t, 2*time.Second, "n3 counts dropped stale values", func() (bool, string) {
+		got := n3.metric("converger_cluster_stale_values_dropped_total")
+		return got > before, fmt.Sprintf("%v, before %v", got, before)
+	})
+	time.Sleep(3 * syncInterval) // the resend too
+	if d, p := n3.debug(bucket, behind), n3.peek(bucket, behind); len(d.Slots) != 0 || d.Remote != 0 || p.Count != 0 {
+		t.Errorf("n3 kept a value of an ended window: %+v, peek %d", d, p.Count)
+	}
+	dropped := n3.metric("converger_cluster_stale_values_dropped_total") - before
+	// n1 and n2 only ever received values of their current or a later window.
+	for _, n := range []*node{n1, n2} {
+		if got := n.metric("converger_cluster_stale_values_dropped_total"); got != 0 && clock() < end+window-500 {
+			t.Errorf("%s dropped %v values as stale", n.name, got)
+		}
+	}
+	t.Logf("n3 dropped %v stale values of n1's (sync and resend)", dropped)
+}
+
+// (g) Nodes on one host and IP with different ports, all with one CLUSTER_JOIN list that
+// names every member, and default node names (<hostname>-<port>), form one cluster;
+// the first serves on its own until the others come.
+func TestClusterSharedJoinListOnOneHost(t *testing.T) {
+	t.Parallel()
+	path := writeTemp(t, "limits.yaml", hourLimits)
+	offset := clockOffset(time.Hour)
+	ports := []int{freePort(t), freePort(t), freePort(t)}
+	host, err := os.Hostname()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var want []string
+	for _, p := range ports {
+		want = append(want, fmt.Sprintf("%s-%d", host, p))
+	}
+	first := startNode(t, "", want[0], nodeEnv("", ports[0], ports, path, offset))
+	t.Cleanup(func() { terminate(t, first) })
+	if r := first.readyz(); r.Status != "ready" || r.Size != 1 || !slices.Equal(r.Members, want[:1]) {
+		t.Fatalf("the first node alone: %+v", r)
+	}
+	if !first.check("login_ip", "192.0.2.200").Allowed {
+		t.Fatal("the first node alone does not serve")
+	}
+	var rest []*node
+	for i := 1; i < 3; i++ {
+		rest = append(rest, startNode(t, "", want[i], nodeEnv("", ports[i], ports, path, offset)))
+	}
+	t.Cleanup(func() { terminate(t, rest...) })
+	took := waitMembers(t, append([]*node{first}, rest...), want, 15*time.Second)
+	t.Logf("one cluster of %v, %v after the others started", want, took)
+}
+
+// A node whose first join reached only some of its CLUSTER_JOIN peers keeps joining the
+// others: here n3, which names only itself, is found by n1 alone.
+func TestClusterStaticJoinKeepsJoiningMissingPeers(t *testing.T) {
+	t.Parallel()
+	path := writeTemp(t, "limits.yaml", hourLimits)
+	offset := clockOffset(time.Hour)
+	ports := []int{freePort(t), freePort(t), freePort(t)}
+	n1 := startNode(t, "", "n1", nodeEnv("n1", ports[0], ports, path, offset))
+	n2 := startNode(t, "", "n2", nodeEnv("n2", ports[1], ports[1:2], path, offset))
+	t.Cleanup(func() { terminate(t, n1, n2) })
+	waitMembers(t, []*node{n1, n2}, []string{"n1", "n2"}, 15*time.Second)
+	n3 := startNode(t, "", "n3", nodeEnv("n3", ports[2], ports[2:], path, offset))
+	t.Cleanup(func() { terminate(t, n3) })
+	took := waitMembers(t, []*node{n1, n2, n3}, []string{"n1", "n2", "n3"}, 15*time.Second)
+	n3.record("password_reset_ip", "192.0.2.77", 3)
+	eventually(t, 2*time.Second, "n2 counts n3's hits", func() (bool, string) {
+		p := n2.peek("password_reset_ip", "192.0.2.77")
+		return p.Count == 3, fmt.Sprintf("count %d", p.Count)
+	})
+	t.Logf("n3 joined %v after it started", took)
+}
+
+// (h) Cluster traffic is encrypted with CLUSTER_SECRET_KEY: a node with another key
+// cannot join nor send counts, and a cluster without a key needs CLUSTER_INSECURE.
+func TestClusterEncryption(t *testing.T) {
+	t.Parallel()
+	key := func() string {
+		b := make([]byte, 32)
+		_, _ = rand.Read(b)
+		return base64.StdEncoding.EncodeToString(b)
+	}
+	shared, other := key(), key()
+	nodes := startClusterNoWait(t, 3, func(i int, env map[string]string) {
+		delete(env, "CLUSTER_INSECURE")
+		env["CLUSTER_SECRET_KEY"] = shared
+		if i == 2 {
+			env["CLUSTER_SECRET_KEY"] = other
+		}
+	})
+	n1, n2, n3 := nodes[0], nodes[1], nodes[2]
+	waitMembers(t, []*node{n1, n2}, []string{"n1", "n2"}, 15*time.Second)
+	// n3 tried (it joins at start) and was refused.
+	eventually(t, 10*time.Second, "n1 or n2 refuses n3's traffic", func() (bool, string) {
+		refused := strings.Contains(n1.stderr.String(), "no installed keys could decrypt") ||
+			strings.Contains(n2.stderr.String(), "no installed keys could decrypt")
+		return refused, "no decryption error logged"
+	})
+	if r := n3.readyz(); r.Size != 1 || !slices.Equal(r.Members, []string{"n3"}) {
+		t.Fatalf("n3 with another key: %+v", r)
+	}
+	waitMembers(t, []*node{n1, n2}, []string{"n1", "n2"}, time.Second)
+
+	// n3 counts first, n2 after: n1 gets n2's count, never n3's.
+	const bucket, k = "password_reset_ip", "192.0.2.90"
+	n3.record(bucket, k, 5)
+	time.Sleep(2 * syncInterval)
+	n2.record(bucket, k, 1)
+	eventually(t, 2*time.Second, "n1 counts n2's hit", func() (bool, string) {
+		p := n1.peek(bucket, k)
+		return p.Count >= 1, fmt.Sprintf("count %d", p.Count)
+	})
+	time.Sleep(3 * syncInterval)
+	if p := n1.peek(bucket, k); p.Count != 1 {
+		t.Fatalf("n1 counts %d, want only n2's 1 (n3 has another key)", p.Count)
+	}
+
+	// Without a key and without CLUSTER_INSECURE: no start.
+	env := nodeEnv("n4", freePort(t), []int{freePort(t)}, writeTemp(t, "l.yaml", hourLimits), 0)
+	delete(env, "CLUSTER_INSECURE")
+	s := start(t, env)
+	if code := s.wait(10 * time.Second); code != 2 {
+		t.Fatalf("exit status %d without a key, want 2; stderr:\n%s", code, s.stderr)
+	}
+	if out := s.stderr.String(); !strings.Contains(out, "CLUSTER_SECRET_KEY") {
+		t.Fatalf("stderr does not name CLUSTER_SECRET_KEY:\n%s", out)
+	}
+}
+
+// startClusterNoWait is startCluster without waiting for the members.
+func startClusterNoWait(t *testing.T, n int, tweak func(i int, env map[string]string)) []*node {
+	t.Helper()
+	path := writeTemp(t, "limits.yaml", hourLimits)
+	offset := clockOffset(time.Hour)
+	var ports []int
+	for range n {
+		ports = append(ports, freePort(t))
+	}
+	var procs []*sidecar
+	var envs []map[string]string
+	for i := range n {
+		env := nodeEnv(fmt.Sprintf("n%d", i+1), ports[i], ports, path, offset)
+		tweak(i, env)
+		envs = append(envs, env)
+		procs = append(procs, startIn(t, "", env))
+	}
+	var nodes []*node
+	t.Cleanup(func() { terminate(t, nodes...) })
+	for i, p := range procs {
+		n := startNodeClients(t, "", p)
+		n.name, n.env = fmt.Sprintf("n%d", i+1), envs[i]
+		nodes = append(nodes, n)
+	}
+	return nodes
+}
+
+// testNet is a bridge with one network namespace per node, each on 10.200.0.N/24
+// through a veth pair. The test reaches a node's servers from inside its namespace
+// (nsDialer), so it still can when the node is cut off, and the root namespace gets no
+// address: concurrent runs, each with its own bridge, do not conflict.
+type testNet struct {
+	t      *testing.T
+	bridge string
+	ns     []string
+	veth   []string // the bridge's ends
+}
+
+func newTestNet(t *testing.T, n int) *testNet {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("the netsplit test makes network namespaces: it needs root")
+	}
+	if _, err := exec.LookPath("ip"); err != nil {
+		t.Skip("the netsplit test needs the ip command (iproute2)")
+	}
+	b := make([]byte, 3)
+	_, _ = rand.Read(b)
+	id := fmt.Sprintf("%x", b)
+	tn := &testNet{t: t, bridge: "cvbr" + id}
+	for i := range n {
+		tn.ns = append(tn.ns, fmt.Sprintf("cvsplit-%s-%d", id, i+1))
+		tn.veth = append(tn.veth, fmt.Sprintf("cvh%s%d", id, i+1))
+	}
+	if out, err := exec.Command("ip", "netns", "add", tn.ns[0]).CombinedOutput(); err != nil {
+		t.Skipf("network namespaces are not available here: ip netns add: %v: %s", err, out)
+	}
+	t.Cleanup(tn.remove)
+	tn.ip("link", "add", tn.bridge, "type", "bridge")
+	tn.ip("link", "set", tn.bridge, "up")
+	for i := range n {
+		if i > 0 {
+			tn.ip("netns", "add", tn.ns[i])
+		}
+		peer := fmt.Sprintf("cvn%s%d", id, i+1)
+		tn.ip("link", "add", tn.veth[i], "type", "veth", "peer", "name", peer, "netns", tn.ns[i])
+		tn.ip("link", "set", tn.veth[i], "master", tn.bridge, "up")
+		tn.ip("-n", tn.ns[i], "link", "set", "lo", "up")
+		tn.ip("-n", tn.ns[i], "addr", "add", tn.addr(i)+"/24", "dev", peer)
+		tn.ip("-n", tn.ns[i], "link", "set", peer, "up")
+	}
+	return tn
+}
+
+func (tn *testNet) addr(i int) string { return fmt.Sprintf("10.200.0.%d", i+1) }
+
+func (tn *testNet) ip(args ...string) {
+	tn.t.Helper()
+	if out, err := exec.Command("ip", args...).CombinedOutput(); err != nil {
+		tn.t.Fatalf("ip %s: %v: %s", strings.Join(args, " "), err, out)
+	}
+}
+
+// remove deletes the namespaces (and with them the veth pairs) and the bridge.
+func (tn *testNet) remove() {
+	for _, ns := range tn.ns {
+		_ = exec.Command("ip", "netns", "del", ns).Run()
+	}
+	for _, v := range tn.veth {
+		_ = exec.Command("ip", "link", "del", v).Run() // gone with its peer, normally
+	}
+	if out, err := exec.Command("ip", "link", "del", tn.bridge).CombinedOutput(); err != nil {
+		tn.t.Errorf("removing the bridge %s: %v: %s", tn.bridge, err, out)
+	}
+	for _, ns := range tn.ns {
+		if _, err := os.Stat(filepath.Join("/run/netns", ns)); err == nil {
+			tn.t.Errorf("namespace %s left behind", ns)
+		}
+	}
+}
+
+// nsDialer dials from inside the network namespace ns: a socket stays in the namespace
+// it was made in.
+func nsDialer(ns string) func(ctx context.Context, network, addr string) (net.Conn, error) {
+	return func(ctx context.Context, network, addr string) (net.Conn, error) {
+		type result struct {
+			c   net.Conn
+			err error
+		}
+		ch := make(chan result, 1)
+		go func() {
+			// The thread enters ns for the dial and goes back to its own namespace after.
+			// It must not end: a sidecar started from it would get its Pdeathsig. Only
+			// if it cannot go back does it stay locked, and so end with this goroutine.
+			runtime.LockOSThread()
+			restored := false
+			defer func() {
+				if restored {
+					runtime.UnlockOSThread()
+				}
+			}()
+			self, err := os.Open(fmt.Sprintf("/proc/self/task/%d/ns/net", unix.Gettid()))
+			if err != nil {
+				restored = true
+				ch <- result{nil, err}
+				return
+			}
+			defer self.Close()
+			target, err := os.Open(filepath.Join("/run/netns", ns))
+			if err != nil {
+				restored = true
+				ch <- result{nil, err}
+				return
+			}
+			defer target.Close()
+			if err := unix.Setns(int(target.Fd()), unix.CLONE_NEWNET); err != nil {
+				restored = true
+				ch <- result{nil, fmt.Errorf("setns %s: %w", ns, err)}
+				return
+			}
+			var d net.Dialer
+			c, err := d.DialContext(ctx, network, addr)
+			restored = unix.Setns(int(self.Fd()), unix.CLONE_NEWNET) == nil
+			ch <- result{c, err}
+		}()
+		r := <-ch
+		return r.c, r.err
+	}
+}
+
+// (d) A netsplit: the node cut off and the rest each enforce the limit on their own;
+// when the split heals, every node converges to the same total.
+func TestClusterNetsplit(t *testing.T) {
+	t.Parallel()
+	tn := newTestNet(t, 3)
+	path := writeTemp(t, "limits.yaml", hourLimits)
+	offset := clockOffset(time.Hour)
+	var join []string
+	for i := range 3 {
+		join = append(join, tn.addr(i)+":7946")
+	}
+	var procs []*sidecar
+	for i := range 3 {
+		env := nodeEnv(fmt.Sprintf("n%d", i+1), 0, nil, path, offset)
+		env["CLUSTER_BIND_ADDR"] = tn.addr(i) + ":7946"
+		env["CLUSTER_JOIN"] = strings.Join(join, ",")
+		env["SIDECAR_GRPC_ADDR"] = tn.addr(i) + ":8081"
+		env["SIDECAR_HTTP_ADDR"] = tn.addr(i) + ":8082"
+		procs = append(procs, startIn(t, tn.ns[i], env))
+	}
+	var nodes []*node
+	t.Cleanup(func() { terminate(t, nodes...) })
+	for i, p := range procs {
+		n := startNodeClients(t, tn.ns[i], p)
+		n.name = fmt.Sprintf("n%d", i+1)
+		nodes = append(nodes, n)
+	}
+	n1, n2, n3 := nodes[0], nodes[1], nodes[2]
+	waitMembers(t, nodes, []string{"n1", "n2", "n3"}, 20*time.Second)
+	n1.record("password_reset_ip", "pre-split", 1)
+	eventually(t, 2*time.Second, "n3 counts n1's hit before the split", func() (bool, string) {
+		p := n3.peek("password_reset_ip", "pre-split")
+		return p.Count == 1, fmt.Sprintf("count %d", p.Count)
+	})
+
+	tn.ip("link", "set", tn.veth[2], "down")
+	cut := time.Now()
+	const bucket, k = "login_ip", "192.0.2.150" // 5 per hour
+	// The node cut off allows its whole budget, alone.
+	for i := 1; i <= 6; i++ {
+		if r := n3.check(bucket, k); r.Allowed != (i <= 5) {
+			t.Fatalf("n3, cut off, hit %d: %+v", i, r)
+		}
+	}
+	// So does the other side, together.
+	for i := 1; i <= 5; i++ {
+		if r := n1.check(bucket, k); !r.Allowed {
+			t.Fatalf("n1 hit %d: %+v", i, r)
+		}
+	}
+	eventually(t, 2*time.Second, "n2 denies once n1 used the budget", func() (bool, string) {
+		p := n2.peek(bucket, k)
+		return !p.Allowed, fmt.Sprintf("count %d", p.Count)
+	})
+	if n2.check(bucket, k).Allowed || n1.check(bucket, k).Allowed {
+		t.Fatal("the side of n1 and n2 allowed more than its budget")
+	}
+	// n1 6 + n2 1 on one side, n3 6 on the other; neither sees the other's.
+	eventually(t, 2*time.Second, "each side counts only its own", func() (bool, string) {
+		a, b, c := n1.peek(bucket, k), n2.peek(bucket, k), n3.peek(bucket, k)
+		return a.Count == 7 && b.Count == 7 && c.Count == 6, fmt.Sprintf("%d %d %d", a.Count, b.Count, c.Count)
+	})
+
+	// memberlist declares n3 dead on the other side after its suspicion timeout.
+	waitMembers(t, nodes[:2], []string{"n1", "n2"}, 30*time.Second)
+	if p := n3.peek(bucket, k); p.Count != 6 {
+		t.Fatalf("n3 counts %d during the split, want its own 6", p.Count)
+	}
+	t.Logf("n3 declared dead by n1 and n2 %v after the cut", time.Since(cut))
+
+	tn.ip("link", "set", tn.veth[2], "up")
+	took := eventually(t, 20*time.Second, "every node counts both sides once healed", func() (bool, string) {
+		var s []string
+		ok := true
+		for _, n := range nodes {
+			d, p := n.debug(bucket, k), n.peek(bucket, k)
+			s = append(s, fmt.Sprintf("%s: own %d remote %d peek %d", n.name, d.Own, d.Remote, p.Count))
+			ok = ok && d.Own+d.Remote == 13 && p.Count == 13
+		}
+		return ok, strings.Join(s, "; ")
+	})
+	waitMembers(t, nodes, []string{"n1", "n2", "n3"}, 10*time.Second)
+	t.Logf("converged to 6+1+6 = 13 on every node %v after the heal", took)
+}
