@@ -5,7 +5,7 @@ GOBIN := $(shell $(GO) env GOPATH)/bin
 STATICCHECK_VERSION := v0.8.2
 BENCHSTAT_VERSION := v0.0.0-20260908200009-22c9c6c9d4da
 
-.PHONY: all build run test lint vet fmt-check unit bench bench-go bench-authz proto clean
+.PHONY: all build run test lint vet fmt-check unit bench bench-go bench-authz bench-cluster proto clean
 
 all: build
 
@@ -38,9 +38,10 @@ vet:
 unit:
 	$(GO) test -race -count=1 -timeout 10m ./...
 
-# Benchmarks: the limiter hot path (Go benchmarks, compare runs with benchstat) and the
-# authorization load test against a no-op server in the same run.
-bench: bench-go bench-authz
+# Benchmarks: the limiter hot path (Go benchmarks, compare runs with benchstat), the
+# authorization load test against a no-op server in the same run, and the cluster's
+# overshoot and traffic against the sync interval (about 12 minutes).
+bench: bench-go bench-authz bench-cluster
 
 bench-go:
 	$(GO) test -run '^$$' -bench . -benchmem -count 6 ./sidecar/limiter/ | tee bench/results/limiter.txt
@@ -49,6 +50,9 @@ bench-go:
 
 bench-authz: build
 	./bin/bench authz
+
+bench-cluster: build
+	./bin/bench cluster
 
 proto:
 	cd shared/limiterpb && protoc -I . --go_out=paths=source_relative:. --go-grpc_out=paths=source_relative:. limiter.proto

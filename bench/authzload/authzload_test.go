@@ -1,21 +1,10 @@
 package authzload
 
 import (
-	"context"
-	"net"
-	"os"
 	"strings"
 	"testing"
 	"time"
 
-	authv3 "github.com/envoyproxy/go-control-plane/envoy/service/auth/v3"
-	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
-	rpcstatus "google.golang.org/genproto/googleapis/rpc/status"
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
-	"google.golang.org/protobuf/proto"
-
-	"github.com/converger/edge/bench/noopauthz"
 	"github.com/converger/edge/shared/clientip"
 	"github.com/converger/edge/shared/token"
 	"github.com/converger/edge/sidecar/routes"
@@ -225,77 +214,6 @@ func TestMix(t *testing.T) {
 	}
 }
 
-func TestCheckReplyParse(t *testing.T) {
-	for _, c := range []struct {
-		name       string
-		resp       *authv3.CheckResponse
-		code, http int32
-	}{
-		{"allow", &authv3.CheckResponse{Status: &rpcstatus.Status{Code: 0}}, 0, 0},
-		{"empty", &authv3.CheckResponse{}, 0, 0},
-		{"429", &authv3.CheckResponse{
-			Status: &rpcstatus.Status{Code: 8, Message: "rate_limited"},
-			HttpResponse: &authv3.CheckResponse_DeniedResponse{DeniedResponse: &authv3.DeniedHttpResponse{
-				Status: &typev3.HttpStatus{Code: typev3.StatusCode_TooManyRequests},
-				Body:   `{"error":{"code":"rate_limited"}}`,
-			}},
-		}, 8, 429},
-		{"403", &authv3.CheckResponse{
-			Status: &rpcstatus.Status{Code: 7},
-			HttpResponse: &authv3.CheckResponse_DeniedResponse{DeniedResponse: &authv3.DeniedHttpResponse{
-				Status: &typev3.HttpStatus{Code: typev3.StatusCode_Forbidden},
-			}},
-		}, 7, 403},
-	} {
-		b, err := proto.Marshal(c.resp)
-		if err != nil {
-			t.Fatal(err)
-		}
-		var r checkReply
-		if err := r.parse(b); err != nil {
-			t.Errorf("%s: %v", c.name, err)
-		}
-		if r.code != c.code || r.http != c.http {
-			t.Errorf("%s: parsed code %d, http %d; want %d, %d", c.name, r.code, r.http, c.code, c.http)
-		}
-	}
-	var r checkReply
-	if err := r.parse([]byte{0x0a, 0x05, 0x08}); err == nil {
-		t.Error("a truncated response should not parse")
-	}
-}
-
-// TestRawCodec sends pre-marshaled requests through gRPC to the no-op server.
-func TestRawCodec(t *testing.T) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	s := noopauthz.NewGRPCServer()
-	go func() { _ = s.Serve(l) }()
-	defer s.Stop()
-	conn, err := grpc.NewClient(l.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()),
-		grpc.WithDefaultCallOptions(grpc.ForceCodecV2(rawCodec{})))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	b, err := proto.Marshal(&authv3.CheckRequest{Attributes: &authv3.AttributeContext{Request: &authv3.AttributeContext_Request{
-		Http: &authv3.AttributeContext_HttpRequest{Method: "GET", Path: "/", Headers: map[string]string{"x-request-id": "1"}}}}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	reply := checkReply{code: -1, http: -1}
-	if err := conn.Invoke(ctx, checkMethod, &rawRequest{b}, &reply); err != nil {
-		t.Fatal(err)
-	}
-	if reply.code != 0 || reply.http != 0 {
-		t.Errorf("no-op reply: code %d, http %d; want an OK", reply.code, reply.http)
-	}
-}
-
 func TestConfigValidate(t *testing.T) {
 	if err := DefaultConfig().Validate(); err != nil {
 		t.Fatalf("defaults: %v", err)
@@ -315,69 +233,5 @@ func TestConfigValidate(t *testing.T) {
 		if err := c.Validate(); err == nil {
 			t.Errorf("%s: Validate accepted %+v", name, c)
 		}
-	}
-}
-
-func TestParseCounters(t *testing.T) {
-	in := `# HELP converger_sidecar_cache_lookups_total Lookups
-converger_sidecar_cache_lookups_total{cache="api_keys",result="hit"} 1234
-converger_sidecar_cache_lookups_total{cache="api_keys",result="miss"} 5
-go_goroutines 12
-converger_rate_limit_exceeded_count{bucket="inbound"} 7e+03
-`
-	got := parseCounters(strings.NewReader(in))
-	want := []Counter{
-		{`converger_sidecar_cache_lookups_total{cache="api_keys",result="hit"}`, 1234},
-		{`converger_sidecar_cache_lookups_total{cache="api_keys",result="miss"}`, 5},
-		{`converger_rate_limit_exceeded_count{bucket="inbound"}`, 7000},
-	}
-	if len(got) != len(want) {
-		t.Fatalf("parseCounters = %v, want %v", got, want)
-	}
-	for i := range want {
-		if got[i] != want[i] {
-			t.Errorf("counter %d = %v, want %v", i, got[i], want[i])
-		}
-	}
-}
-
-func TestProcessCPU(t *testing.T) {
-	before, err := processCPU(os.Getpid())
-	if err != nil {
-		t.Fatal(err)
-	}
-	self0, err := selfCPU()
-	if err != nil {
-		t.Fatal(err)
-	}
-	m0, err := machineCPU()
-	if err != nil {
-		t.Fatal(err)
-	}
-	// Spin until this process has used 100ms of CPU (or 10s have passed, on a machine too
-	// busy to give it that).
-	x := 0
-	for start := time.Now(); time.Since(start) < 10*time.Second; x++ {
-		if x%1024 == 0 {
-			if now, _ := selfCPU(); now-self0 >= 100*time.Millisecond {
-				break
-			}
-		}
-	}
-	self1, _ := selfCPU()
-	after, _ := processCPU(os.Getpid())
-	m1, _ := machineCPU()
-	if used := self1 - self0; used < 100*time.Millisecond {
-		t.Skipf("the machine gave this test only %v of CPU in 10s", used)
-	}
-	// /proc counts in 10ms ticks.
-	if used, self := after-before, self1-self0; used < self-30*time.Millisecond || used > self+30*time.Millisecond {
-		t.Errorf("processCPU went up by %v while getrusage counted %v", used, self)
-	}
-	if used := m1 - m0; used < self1-self0-30*time.Millisecond {
-		t.Errorf("machineCPU went up by %v, less than this process alone (%v)", used, self1-self0)
-	}
-	if _, err := processCPU(-1); err == nil {
-		t.Error("processCPU(-1) should fail")
 	}
 }

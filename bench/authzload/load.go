@@ -2,7 +2,6 @@ package authzload
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"slices"
 	"sync"
@@ -10,146 +9,18 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/connectivity"
-	"google.golang.org/grpc/credentials/insecure"
-	"google.golang.org/grpc/mem"
-	"google.golang.org/protobuf/encoding/protowire"
+
+	"github.com/converger/edge/bench/cputime"
+	"github.com/converger/edge/bench/procs"
+	"github.com/converger/edge/bench/rawcheck"
 )
-
-// checkMethod is the full name of Authorization/Check.
-const checkMethod = "/envoy.service.auth.v3.Authorization/Check"
-
-// rawRequest is a pre-marshaled CheckRequest.
-type rawRequest struct{ b []byte }
-
-// checkReply is what the load test reads of a CheckResponse.
-type checkReply struct {
-	code int32 // status.code: 0 allows
-	http int32 // denied_response.status.code, 0 when absent
-}
-
-// rawCodec sends pre-marshaled requests as they are and decodes only the two status codes
-// of the reply, so that the generator costs the same, and little, for both targets. Its
-// name is "proto": on the wire nothing distinguishes it from the proto codec.
-type rawCodec struct{}
-
-func (rawCodec) Name() string { return "proto" }
-
-func (rawCodec) Marshal(v any) (mem.BufferSlice, error) {
-	r, ok := v.(*rawRequest)
-	if !ok {
-		return nil, fmt.Errorf("rawCodec: cannot marshal %T", v)
-	}
-	return mem.BufferSlice{mem.SliceBuffer(r.b)}, nil
-}
-
-func (rawCodec) Unmarshal(data mem.BufferSlice, v any) error {
-	r, ok := v.(*checkReply)
-	if !ok {
-		return fmt.Errorf("rawCodec: cannot unmarshal into %T", v)
-	}
-	if len(data) == 1 {
-		return r.parse(data[0].ReadOnlyData())
-	}
-	return r.parse(data.Materialize())
-}
-
-var errMalformed = errors.New("malformed CheckResponse")
-
-// parse reads CheckResponse.status.code (fields 1.1) and
-// CheckResponse.denied_response.status.code (fields 2.1.1).
-func (r *checkReply) parse(b []byte) error {
-	*r = checkReply{}
-	status, ok := field(b, 1)
-	if !ok {
-		return errMalformed
-	}
-	if status != nil {
-		code, ok := varintField(status, 1)
-		if !ok {
-			return errMalformed
-		}
-		r.code = int32(code)
-	}
-	denied, ok := field(b, 2)
-	if !ok {
-		return errMalformed
-	}
-	if denied != nil {
-		st, ok := field(denied, 1)
-		if !ok {
-			return errMalformed
-		}
-		code, ok := varintField(st, 1)
-		if !ok {
-			return errMalformed
-		}
-		r.http = int32(code)
-	}
-	return nil
-}
-
-// field returns the last occurrence of the length-delimited field num of message b (nil
-// when absent); ok is false when b is malformed.
-func field(b []byte, num protowire.Number) (v []byte, ok bool) {
-	for len(b) > 0 {
-		n, typ, l := protowire.ConsumeTag(b)
-		if l < 0 {
-			return nil, false
-		}
-		b = b[l:]
-		if n == num && typ == protowire.BytesType {
-			x, l := protowire.ConsumeBytes(b)
-			if l < 0 {
-				return nil, false
-			}
-			v = x
-			if v == nil {
-				v = []byte{}
-			}
-			b = b[l:]
-			continue
-		}
-		l = protowire.ConsumeFieldValue(n, typ, b)
-		if l < 0 {
-			return nil, false
-		}
-		b = b[l:]
-	}
-	return v, true
-}
-
-// varintField returns the varint field num of message b, 0 when absent.
-func varintField(b []byte, num protowire.Number) (v uint64, ok bool) {
-	for len(b) > 0 {
-		n, typ, l := protowire.ConsumeTag(b)
-		if l < 0 {
-			return 0, false
-		}
-		b = b[l:]
-		if n == num && typ == protowire.VarintType {
-			x, l := protowire.ConsumeVarint(b)
-			if l < 0 {
-				return 0, false
-			}
-			v, b = x, b[l:]
-			continue
-		}
-		l = protowire.ConsumeFieldValue(n, typ, b)
-		if l < 0 {
-			return 0, false
-		}
-		b = b[l:]
-	}
-	return v, true
-}
 
 // target is a server under load with its connections. sent is the number of requests sent
 // to it so far, across phases: it is the target's position in the mix.
 type target struct {
 	name  string
 	addr  string
-	proc  *proc
+	proc  *procs.Proc
 	conns []*grpc.ClientConn
 	sent  atomic.Uint64
 	// deniedKeys marks the keys that got a 429 at least once, in any phase.
@@ -158,33 +29,15 @@ type target struct {
 
 // dial opens n connections to the target and waits until all are ready.
 func (t *target) dial(ctx context.Context, n int) error {
-	for range n {
-		c, err := grpc.NewClient(t.addr,
-			grpc.WithTransportCredentials(insecure.NewCredentials()),
-			grpc.WithDefaultCallOptions(grpc.ForceCodecV2(rawCodec{})))
-		if err != nil {
-			return fmt.Errorf("%s: %w", t.name, err)
-		}
-		t.conns = append(t.conns, c)
-		c.Connect()
+	conns, err := rawcheck.Dial(ctx, t.addr, n)
+	if err != nil {
+		return fmt.Errorf("%s: %w", t.name, err)
 	}
-	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-	defer cancel()
-	for _, c := range t.conns {
-		for s := c.GetState(); s != connectivity.Ready; s = c.GetState() {
-			if !c.WaitForStateChange(ctx, s) {
-				return fmt.Errorf("%s: connection not ready (%v): %w", t.name, s, ctx.Err())
-			}
-		}
-	}
+	t.conns = conns
 	return nil
 }
 
-func (t *target) close() {
-	for _, c := range t.conns {
-		c.Close()
-	}
-}
+func (t *target) close() { rawcheck.Close(t.conns) }
 
 // PhaseResult is the outcome of one measured phase of one target.
 type PhaseResult struct {
@@ -230,22 +83,22 @@ type worker struct {
 	byClass   [numClasses]ClassCount
 	deniedKey []bool // by key index: got a 429 in this phase
 	end       time.Time
-	reply     checkReply
+	reply     rawcheck.Reply
 }
 
 // runner runs phases: Concurrency closed loops over a target's connections, round robin.
 type runner struct {
 	mix       *Mix
-	reqs      []rawRequest
+	reqs      []rawcheck.Request
 	workers   []worker
 	perWorker int
 	all       []time.Duration
 }
 
 func newRunner(m *Mix, concurrency, maxRequests int) *runner {
-	r := &runner{mix: m, reqs: make([]rawRequest, m.Len()), workers: make([]worker, concurrency)}
+	r := &runner{mix: m, reqs: make([]rawcheck.Request, m.Len()), workers: make([]worker, concurrency)}
 	for i := range r.reqs {
-		r.reqs[i] = rawRequest{m.Bytes(i)}
+		r.reqs[i] = rawcheck.Request{B: m.Bytes(i)}
 	}
 	r.perWorker = (maxRequests + concurrency - 1) / concurrency
 	for i := range r.workers {
@@ -258,9 +111,9 @@ func newRunner(m *Mix, concurrency, maxRequests int) *runner {
 
 // phase drives the target for d. Unmeasured phases (warm-up) keep no latencies.
 func (r *runner) phase(ctx context.Context, t *target, d time.Duration, measured bool) PhaseResult {
-	tcpu0, terr0 := processCPU(t.proc.cmd.Process.Pid)
-	gcpu0, gerr0 := selfCPU()
-	mcpu0, merr0 := machineCPU()
+	tcpu0, terr0 := cputime.Process(t.proc.Pid())
+	gcpu0, gerr0 := cputime.Self()
+	mcpu0, merr0 := cputime.Machine()
 	start := time.Now()
 	deadline := start.Add(d)
 	var wg sync.WaitGroup
@@ -303,9 +156,9 @@ func (r *runner) phase(ctx context.Context, t *target, d time.Duration, measured
 	if res.Elapsed > 0 {
 		res.RPS = float64(res.Requests) / res.Elapsed.Seconds()
 	}
-	tcpu1, terr1 := processCPU(t.proc.cmd.Process.Pid)
-	gcpu1, gerr1 := selfCPU()
-	mcpu1, merr1 := machineCPU()
+	tcpu1, terr1 := cputime.Process(t.proc.Pid())
+	gcpu1, gerr1 := cputime.Self()
+	mcpu1, merr1 := cputime.Machine()
 	if res.Requests > 0 && terr0 == nil && terr1 == nil {
 		res.TargetCPU = (tcpu1 - tcpu0) / time.Duration(res.Requests)
 	}
@@ -343,7 +196,7 @@ func (r *runner) loop(ctx context.Context, t *target, conn *grpc.ClientConn, w *
 			break
 		}
 		pos := r.mix.Position(t.sent.Add(1) - 1)
-		err := conn.Invoke(ctx, checkMethod, &r.reqs[pos], &w.reply)
+		err := conn.Invoke(ctx, rawcheck.Method, &r.reqs[pos], &w.reply)
 		lat := time.Since(begin)
 		w.n++
 		c := r.mix.Class(pos)
@@ -358,10 +211,10 @@ func (r *runner) loop(ctx context.Context, t *target, conn *grpc.ClientConn, w *
 			if w.firstErr == nil {
 				w.firstErr = err
 			}
-		case w.reply.code != 0 && w.reply.http == 429:
+		case w.reply.RateLimited():
 			denied = true
 			w.deniedKey[r.mix.Key(pos)] = true
-		case w.reply.code != 0:
+		case !w.reply.Allowed():
 			w.rejected++
 		}
 		if !measured {

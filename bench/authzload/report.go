@@ -7,16 +7,16 @@ import (
 	"strings"
 	"text/tabwriter"
 	"time"
+
+	"github.com/converger/edge/bench/promscrape"
+	"github.com/converger/edge/bench/runinfo"
 )
 
 // Report is the outcome of a load test.
 type Report struct {
-	Config    Config
-	Started   time.Time
-	GoVersion string // `go version`
-	BenchGo   string // the Go version the bench binary was built with
-	CPU       string
-	NProc     int
+	Config  Config
+	Started time.Time
+	runinfo.Machine
 	// LoadStart and LoadEnd are /proc/loadavg at the start and the end: how noisy the
 	// machine was.
 	LoadStart, LoadEnd string
@@ -38,7 +38,7 @@ type Report struct {
 	DeniedByKind              [numKinds][2]int
 	// Sent is the number of requests sent to the sidecar and the no-op, warm-ups included.
 	SentSidecar, SentNoop uint64
-	Counters              []Counter
+	Counters              []promscrape.Sample
 }
 
 // SetupInfo describes the data and the mix.
@@ -118,13 +118,6 @@ func ratio(a, b float64) float64 {
 	return a / b
 }
 
-func verdict(ok bool) string {
-	if ok {
-		return "PASS"
-	}
-	return "FAIL"
-}
-
 func pct(a, b int) float64 {
 	if b == 0 {
 		return 0
@@ -176,20 +169,7 @@ func fmtDur(d time.Duration) string {
 }
 
 // Command is the command line that reproduces the run.
-func (r *Report) Command() string {
-	parts := []string{"go build -o bin/sidecar ./sidecar/cmd/sidecar && go build -o bin/bench ./bench/cmd/bench && ./bin/bench authz"}
-	for _, a := range r.Config.Args {
-		parts = append(parts, shellQuote(a))
-	}
-	return strings.Join(parts, " ")
-}
-
-func shellQuote(s string) string {
-	if s != "" && strings.Trim(s, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_=./:,") == "" {
-		return s
-	}
-	return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'"
-}
+func (r *Report) Command() string { return runinfo.Command("authz", r.Config.Args) }
 
 // flagRows lists the flags and their values.
 func (r *Report) flagRows() [][2]string {
@@ -233,8 +213,8 @@ func (r *Report) WriteText(w io.Writer) {
 			fmtDur(s.P50), fmtDur(s.P99), s.Errors, pct(s.Denied, s.Requests), pct(s.Rejected, s.Requests), fmtCPU(s.TargetCPU), fmtCPU(s.GenCPU))
 	}
 	tw.Flush()
-	fmt.Fprintf(w, "\nthroughput sidecar/no-op  %.3f  (target ≥ %.2f)  %s\n", r.ThroughputRatio, MinThroughputRatio, verdict(r.ThroughputRatio >= MinThroughputRatio))
-	fmt.Fprintf(w, "p99 sidecar/no-op         %.3f  (target ≤ %.2f)  %s\n", r.P99Ratio, MaxP99Ratio, verdict(r.P99Ratio <= MaxP99Ratio))
+	fmt.Fprintf(w, "\nthroughput sidecar/no-op  %.3f  (target ≥ %.2f)  %s\n", r.ThroughputRatio, MinThroughputRatio, runinfo.Verdict(r.ThroughputRatio >= MinThroughputRatio))
+	fmt.Fprintf(w, "p99 sidecar/no-op         %.3f  (target ≤ %.2f)  %s\n", r.P99Ratio, MaxP99Ratio, runinfo.Verdict(r.P99Ratio <= MaxP99Ratio))
 	fmt.Fprintf(w, "paired per-round ratios (median): throughput %.3f, p99 %.3f\n", r.PairedThroughput, r.PairedP99)
 	fmt.Fprintf(w, "CPU per check (median): sidecar %s, no-op %s (%+.1f%%); load generator %s\n",
 		fmtCPU(r.Sidecar.TargetCPU), fmtCPU(r.Noop.TargetCPU), 100*(ratio(float64(r.Sidecar.TargetCPU), float64(r.Noop.TargetCPU))-1), fmtCPU(r.Noop.GenCPU))
@@ -243,7 +223,7 @@ func (r *Report) WriteText(w io.Writer) {
 	fmt.Fprintf(w, "denials by the sidecar: %.1f%% of measured requests rate limited (429), %.2f%% rejected credentials; keys denied at least once: %d of %d (%d of %d hot keys, %d normal%s)\n",
 		pct(r.Sidecar.Denied, r.Sidecar.Requests), pct(r.Sidecar.Rejected, r.Sidecar.Requests),
 		r.KeysDenied, r.Setup.Keys, r.HotKeysDenied, r.Setup.HotKeys, r.KeysDenied-r.HotKeysDenied, r.normalDeniedByKind())
-	fmt.Fprintf(w, "result: %s\n", verdict(r.Pass))
+	fmt.Fprintf(w, "result: %s\n", runinfo.Verdict(r.Pass))
 }
 
 // Markdown renders the report for bench/results.
@@ -252,7 +232,7 @@ func (r *Report) Markdown() string {
 	c := r.Config
 	fmt.Fprintf(&b, "# Authorization load test: sidecar against a no-op server\n\n")
 	fmt.Fprintf(&b, "Written by `bench authz` on %s. **Result: %s** (throughput sidecar/no-op %.3f, target ≥ %.2f; p99 sidecar/no-op %.3f, target ≤ %.2f; %d gRPC errors).\n\n",
-		r.Started.UTC().Format("2006-01-02 15:04 UTC"), verdict(r.Pass), r.ThroughputRatio, MinThroughputRatio, r.P99Ratio, MaxP99Ratio,
+		r.Started.UTC().Format("2006-01-02 15:04 UTC"), runinfo.Verdict(r.Pass), r.ThroughputRatio, MinThroughputRatio, r.P99Ratio, MaxP99Ratio,
 		r.Sidecar.Errors+r.Noop.Errors+r.WarmupErrors)
 
 	b.WriteString("## Result (medians over rounds)\n\n")
@@ -262,8 +242,8 @@ func (r *Report) Markdown() string {
 			s.Errors, pct(s.Denied, s.Requests), pct(s.Rejected, s.Requests), fmtCPU(s.TargetCPU), fmtCPU(s.GenCPU))
 	}
 	b.WriteString("\n| ratio | value | target | verdict |\n|---|--:|--:|---|\n")
-	fmt.Fprintf(&b, "| throughput sidecar/no-op | %.3f | ≥ %.2f | %s |\n", r.ThroughputRatio, MinThroughputRatio, verdict(r.ThroughputRatio >= MinThroughputRatio))
-	fmt.Fprintf(&b, "| p99 sidecar/no-op | %.3f | ≤ %.2f | %s |\n", r.P99Ratio, MaxP99Ratio, verdict(r.P99Ratio <= MaxP99Ratio))
+	fmt.Fprintf(&b, "| throughput sidecar/no-op | %.3f | ≥ %.2f | %s |\n", r.ThroughputRatio, MinThroughputRatio, runinfo.Verdict(r.ThroughputRatio >= MinThroughputRatio))
+	fmt.Fprintf(&b, "| p99 sidecar/no-op | %.3f | ≤ %.2f | %s |\n", r.P99Ratio, MaxP99Ratio, runinfo.Verdict(r.P99Ratio <= MaxP99Ratio))
 	fmt.Fprintf(&b, "\nMedians of the per-round ratios (each round's sidecar phase against the same round's no-op phase): throughput %.3f, p99 %.3f.\n",
 		r.PairedThroughput, r.PairedP99)
 	fmt.Fprintf(&b, "\nCPU per check is the CPU time (user + system) of the target's process during its measured phases divided by the requests answered: the sidecar costs %+.1f%% of the no-op's. The load generator shares the machine, so a target's throughput follows its CPU per check.\n\n",
@@ -308,7 +288,7 @@ func (r *Report) Markdown() string {
 
 	if len(r.Counters) > 0 {
 		b.WriteString("\n## Sidecar counters at the end\n\n| metric | value |\n|---|--:|\n")
-		cs := append([]Counter(nil), r.Counters...)
+		cs := append([]promscrape.Sample(nil), r.Counters...)
 		sort.Slice(cs, func(i, j int) bool { return cs[i].Name < cs[j].Name })
 		for _, ct := range cs {
 			fmt.Fprintf(&b, "| `%s` | %.0f |\n", ct.Name, ct.Value)

@@ -1,19 +1,16 @@
 package authzload
 
 import (
-	"bufio"
 	"context"
 	"fmt"
 	"io"
-	"net/http"
 	"os"
-	"os/exec"
 	"path/filepath"
-	"runtime"
-	"strconv"
-	"strings"
 	"time"
 
+	"github.com/converger/edge/bench/procs"
+	"github.com/converger/edge/bench/promscrape"
+	"github.com/converger/edge/bench/runinfo"
 	"github.com/converger/edge/core/migrations"
 	"github.com/converger/edge/shared/pgserver"
 )
@@ -26,13 +23,12 @@ func Run(ctx context.Context, cfg Config, stdout, stderr io.Writer) (rep *Report
 		return nil, err
 	}
 	logf := func(format string, args ...any) { fmt.Fprintf(stderr, "bench authz: "+format+"\n", args...) }
-	root := repoRoot()
-	sidecarBin, err := findSidecar(root, cfg.Sidecar)
+	root := procs.RepoRoot()
+	sidecarBin, err := procs.FindSidecar(root, cfg.Sidecar)
 	if err != nil {
 		return nil, err
 	}
-	rep = &Report{Config: cfg, Started: time.Now(), CPU: cpuModel(), NProc: runtime.NumCPU(),
-		GoVersion: goVersion(ctx), BenchGo: runtime.Version(), LoadStart: loadAvg()}
+	rep = &Report{Config: cfg, Started: time.Now(), Machine: runinfo.Describe(ctx), LoadStart: runinfo.LoadAvg()}
 
 	// PostgreSQL, schema and data.
 	t0 := time.Now()
@@ -78,12 +74,12 @@ func Run(ctx context.Context, cfg Config, stdout, stderr io.Writer) (rep *Report
 	if err != nil {
 		return nil, err
 	}
-	defer sc.stop()
+	defer sc.Stop()
 	noop, noopAddr, err := startNoop(ctx, stderr)
 	if err != nil {
 		return nil, err
 	}
-	defer noop.stop()
+	defer noop.Stop()
 	sidecar := &target{name: "sidecar", addr: scAddr, proc: sc, deniedKeys: make([]bool, len(pop.Keys))}
 	noopT := &target{name: "no-op", addr: noopAddr, proc: noop, deniedKeys: make([]bool, len(pop.Keys))}
 	for _, t := range []*target{sidecar, noopT} {
@@ -134,7 +130,7 @@ func Run(ctx context.Context, cfg Config, stdout, stderr io.Writer) (rep *Report
 			}
 		}
 	}
-	rep.LoadEnd = loadAvg()
+	rep.LoadEnd = runinfo.LoadAvg()
 	for k, d := range sidecar.deniedKeys {
 		if !d {
 			continue
@@ -148,15 +144,12 @@ func Run(ctx context.Context, cfg Config, stdout, stderr io.Writer) (rep *Report
 		}
 	}
 	rep.SentSidecar, rep.SentNoop = sidecar.sent.Load(), noopT.sent.Load()
-	rep.Counters = scrapeCounters(ctx, "http://"+scHTTP+"/metrics")
+	rep.Counters, _ = promscrape.Scrape(ctx, "http://"+scHTTP+"/metrics", counterPrefixes) // none when it cannot
 	rep.summarize()
 
 	rep.WriteText(stdout)
 	if cfg.Out != "" {
-		out := cfg.Out
-		if !filepath.IsAbs(out) {
-			out = filepath.Join(root, out)
-		}
+		out := procs.OutPath(root, cfg.Out)
 		if err := os.MkdirAll(filepath.Dir(out), 0o755); err != nil {
 			return rep, err
 		}
@@ -173,76 +166,7 @@ func phaseErr(ctx context.Context, t *target) error {
 	if err := ctx.Err(); err != nil {
 		return fmt.Errorf("interrupted: %w", err)
 	}
-	return t.proc.exited()
-}
-
-// repoRoot returns the directory of this module's go.mod above the working directory, or
-// the working directory.
-func repoRoot() string {
-	wd, err := os.Getwd()
-	if err != nil {
-		return "."
-	}
-	for d := wd; ; d = filepath.Dir(d) {
-		if b, err := os.ReadFile(filepath.Join(d, "go.mod")); err == nil && strings.Contains(string(b), "module github.com/converger/edge\n") {
-			return d
-		}
-		if d == filepath.Dir(d) {
-			return wd
-		}
-	}
-}
-
-// findSidecar resolves the sidecar binary: absolute, or relative to the repository root,
-// then to the working directory.
-func findSidecar(root, bin string) (string, error) {
-	cands := []string{bin}
-	if !filepath.IsAbs(bin) {
-		cands = []string{filepath.Join(root, bin), bin}
-	}
-	for _, c := range cands {
-		if fi, err := os.Stat(c); err == nil && !fi.IsDir() && fi.Mode()&0o111 != 0 {
-			return filepath.Abs(c)
-		}
-	}
-	return "", fmt.Errorf("-sidecar %s: no executable there; build it with `go build -o bin/sidecar ./sidecar/cmd/sidecar`", bin)
-}
-
-func goVersion(ctx context.Context) string {
-	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-	defer cancel()
-	out, err := exec.CommandContext(ctx, "go", "version").Output()
-	if err != nil {
-		return "unknown (go not on PATH; the bench was built with " + runtime.Version() + ")"
-	}
-	return strings.TrimSpace(string(out))
-}
-
-func cpuModel() string {
-	f, err := os.Open("/proc/cpuinfo")
-	if err != nil {
-		return "unknown"
-	}
-	defer f.Close()
-	s := bufio.NewScanner(f)
-	for s.Scan() {
-		if k, v, ok := strings.Cut(s.Text(), ":"); ok && strings.TrimSpace(k) == "model name" {
-			return strings.TrimSpace(v)
-		}
-	}
-	return "unknown"
-}
-
-func loadAvg() string {
-	b, err := os.ReadFile("/proc/loadavg")
-	if err != nil {
-		return "unknown"
-	}
-	f := strings.Fields(string(b))
-	if len(f) < 3 {
-		return "unknown"
-	}
-	return strings.Join(f[:3], " ")
+	return t.proc.Exited()
 }
 
 // counterPrefixes are the sidecar metrics the report shows.
@@ -251,53 +175,4 @@ var counterPrefixes = []string{
 	"converger_sidecar_db_errors_total{",
 	"converger_rate_limit_exceeded_count{",
 	"converger_sidecar_checks_total{",
-}
-
-// scrapeCounters reads selected counters from the sidecar's /metrics; nil when it cannot.
-func scrapeCounters(ctx context.Context, url string) []Counter {
-	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
-	if err != nil {
-		return nil
-	}
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		return nil
-	}
-	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		return nil
-	}
-	return parseCounters(resp.Body)
-}
-
-// Counter is one sample of the sidecar's metrics.
-type Counter struct {
-	Name  string // with labels
-	Value float64
-}
-
-func parseCounters(r io.Reader) []Counter {
-	var out []Counter
-	s := bufio.NewScanner(r)
-	s.Buffer(make([]byte, 64<<10), 1<<20)
-	for s.Scan() {
-		line := s.Text()
-		for _, p := range counterPrefixes {
-			if !strings.HasPrefix(line, p) {
-				continue
-			}
-			i := strings.LastIndexByte(line, ' ')
-			if i < 0 {
-				continue
-			}
-			v, err := strconv.ParseFloat(line[i+1:], 64)
-			if err != nil {
-				continue
-			}
-			out = append(out, Counter{Name: line[:i], Value: v})
-		}
-	}
-	return out
 }

@@ -14,6 +14,7 @@ import (
 	"syscall"
 
 	"github.com/converger/edge/bench/authzload"
+	"github.com/converger/edge/bench/clusterload"
 	"github.com/converger/edge/bench/noopauthz"
 )
 
@@ -26,6 +27,7 @@ type command struct {
 // commands are the subcommands, in the order usage lists them. Add new ones here.
 var commands = []command{
 	{"authz", "load-test the sidecar's ext_authz Check against a no-op server (throughput, p50, p99, ratios)", runAuthz},
+	{"cluster", "sidecar clusters: allowed per window against the limit, and sync traffic, by cluster size, sync interval and share mode", runCluster},
 	{"noop-authz", "serve an Authorization/Check that allows everything (started by authz)", runNoopAuthz},
 }
 
@@ -97,6 +99,32 @@ func runAuthz(ctx context.Context, name string, args []string) int {
 		return 1
 	}
 	if cfg.Strict && !rep.Pass {
+		return 1
+	}
+	return 0
+}
+
+func runCluster(ctx context.Context, name string, args []string) int {
+	cfg := clusterload.DefaultConfig()
+	fs := flag.NewFlagSet("bench "+name, flag.ContinueOnError)
+	cfg.RegisterFlags(fs)
+	if code, done := parse(fs, args); done {
+		return code
+	}
+	set := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+	cfg.ApplyQuick(set)
+	cfg.Args = args
+	if err := cfg.Validate(); err != nil {
+		fmt.Fprintf(os.Stderr, "bench %s: %v\n", name, err)
+		return 2
+	}
+	rep, err := clusterload.Run(ctx, cfg, os.Stdout, os.Stderr)
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "bench %s: %v\n", name, err)
+		return 1
+	}
+	if cfg.Strict && !(rep.AimPass && rep.SinglePass) {
 		return 1
 	}
 	return 0

@@ -1,4 +1,7 @@
-package authzload
+// Package cputime reads CPU time from /proc and getrusage: of a process, of this process,
+// and of the whole machine, so that a benchmark can tell what its processes cost and how
+// busy the rest of a shared machine was.
+package cputime
 
 import (
 	"errors"
@@ -12,8 +15,8 @@ import (
 // clockTick is the unit of the CPU times in /proc/<pid>/stat (USER_HZ, 100 on Linux).
 const clockTick = 10 * time.Millisecond
 
-// processCPU returns the CPU time (user + system, all threads) a process has used so far.
-func processCPU(pid int) (time.Duration, error) {
+// Process returns the CPU time (user + system, all threads) a process has used so far.
+func Process(pid int) (time.Duration, error) {
 	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
 	if err != nil {
 		return 0, err
@@ -37,8 +40,8 @@ func processCPU(pid int) (time.Duration, error) {
 	return time.Duration(utime+stime) * clockTick, nil
 }
 
-// selfCPU returns the CPU time (user + system) this process has used so far.
-func selfCPU() (time.Duration, error) {
+// Self returns the CPU time (user + system) this process has used so far.
+func Self() (time.Duration, error) {
 	var ru syscall.Rusage
 	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
 		return 0, err
@@ -46,9 +49,9 @@ func selfCPU() (time.Duration, error) {
 	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano()), nil
 }
 
-// machineCPU returns the CPU time all processes of the machine have spent in user and
+// Machine returns the CPU time all processes of the machine have spent in user and
 // system mode so far (the first line of /proc/stat).
-func machineCPU() (time.Duration, error) {
+func Machine() (time.Duration, error) {
 	b, err := os.ReadFile("/proc/stat")
 	if err != nil {
 		return 0, err
