@@ -254,7 +254,7 @@ func (r *Report) Markdown() string {
 		}
 	}
 	fmt.Fprintf(&b, "\nThe model's longest interval without share mode is (1.10 − 1) × N × W / ((N − 1) × offered): it shrinks as the overload grows, so size it for the worst overload a key is expected to see (here %.3g× L). ", c.Offered)
-	b.WriteString("In share mode, mind the mean as well as the max: at short intervals it stays *under* L (see the model below). A shorter interval costs traffic in proportion (one message per interval to each other node for every batch of changed keys); a longer one lets more through before the nodes hear of each other. Traffic does not depend on the number of checks, only on the keys that change in an interval (see below).\n")
+	b.WriteString("In share mode the window stays at about L while the cap engages in time (see below). A shorter interval costs traffic in proportion (one message per interval to each other node for every batch of changed keys); a longer one lets more through before the nodes hear of each other. Traffic does not depend on the number of checks, only on the keys that change in an interval (see below).\n")
 
 	b.WriteString("\n## Allowed per window and sync traffic, per configuration\n\n")
 	b.WriteString("Model columns (below): the steady-load model's mean and max A/L without share mode, for every row. \"per start\" is each cluster start's mean A/L: the windows of one start are alike, since the flushes keep their phase in the window. Traffic is per node and per second over the measured windows, from the sidecars' `converger_cluster_sync_messages_total` and `converger_cluster_sync_bytes_total` (sent); caps/s counts share mode's caps (`converger_cluster_share_mode_caps_total`) per node.\n\n")
