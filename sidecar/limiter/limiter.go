@@ -74,7 +74,7 @@ type shard struct {
 	// DrainChanged; each is listed once, while its changed flag is set.
 	changedMu sync.Mutex
 	changed   []changedEntry
-	_         [16]byte // one shard per two cache lines: no false sharing between shards
+	_         [40]byte // 128 bytes: a shard is two whole cache lines, its lock never split
 }
 
 func (s *shard) get(k Key) *entry {
@@ -193,22 +193,22 @@ func (l *Limiter) NowMS() int64 { return l.now() }
 // what the other nodes reported, and share mode may bound this node's part.
 func (l *Limiter) Check(k Key, n uint32, lim Limit) Result {
 	now, w, end := l.window(lim)
-	e, own, ok := l.add(k, n, w, end, windowMS(lim), true)
-	if e.ext == nil {
+	ext, own, ok := l.add(k, n, w, end, windowMS(lim), true)
+	if ext == nil {
 		return decide(own <= lim.Count, own, lim, now, end)
 	}
-	total := e.ext.total(own, w)
-	e.ext.noteLimit(lim.Count)
+	total := ext.total(own, w)
+	ext.noteLimit(lim.Count)
 	return decide(ok && total <= lim.Count, total, lim, now, end)
 }
 
 // Record adds n hits to k without deciding: the result is always allowed.
 func (l *Limiter) Record(k Key, n uint32, lim Limit) Result {
 	_, w, end := l.window(lim)
-	e, own, _ := l.add(k, n, w, end, windowMS(lim), false)
-	if e.ext != nil {
-		own = e.ext.total(own, w)
-		e.ext.noteLimit(lim.Count)
+	ext, own, _ := l.add(k, n, w, end, windowMS(lim), false)
+	if ext != nil {
+		own = ext.total(own, w)
+		ext.noteLimit(lim.Count)
 	}
 	return Result{Allowed: true, Count: own, Limit: lim, WindowEndMS: end}
 }
@@ -255,20 +255,24 @@ func (l *Limiter) shard(k Key) *shard {
 	return &l.shards[h%numShards]
 }
 
-// add adds n to k's count in window w and returns the entry and its new count. With
+// add adds n to k's count in window w and returns its replica (nil when local) and new count. With
 // capped, a share-mode bound on this node's count applies: hits over it are refused
 // without counting (ok false), so they do not use up the other nodes' budget.
-func (l *Limiter) add(k Key, n uint32, w uint32, end int64, size uint32, capped bool) (e *entry, count uint32, ok bool) {
+//
+// The entry's line is contended when many requests share a key: everything the caller
+// needs of it (ext, immutable) is read before the CAS, nothing after.
+func (l *Limiter) add(k Key, n uint32, w uint32, end int64, size uint32, capped bool) (ext *replica, count uint32, ok bool) {
 	s := l.shard(k)
 	s.mu.RLock()
-	e = s.get(k)
+	e := s.get(k)
 	if e != nil {
-		count, ok = e.add(n, w, end, size, maxOwn(e, w, capped))
-		if ok {
-			s.noteChanged(k, e)
+		ext = e.ext
+		count, ok = e.add(n, w, end, size, maxOwn(ext, w, capped))
+		if ok && ext != nil {
+			s.noteChanged(k, e, ext)
 		}
 		s.mu.RUnlock()
-		return e, count, ok
+		return ext, count, ok
 	}
 	s.mu.RUnlock()
 
@@ -277,19 +281,20 @@ func (l *Limiter) add(k Key, n uint32, w uint32, end int64, size uint32, capped 
 	if e == nil {
 		e = s.insert(k, l.replicated)
 	}
-	count, ok = e.add(n, w, end, size, maxOwn(e, w, capped))
-	if ok {
-		s.noteChanged(k, e)
+	ext = e.ext
+	count, ok = e.add(n, w, end, size, maxOwn(ext, w, capped))
+	if ok && ext != nil {
+		s.noteChanged(k, e, ext)
 	}
 	s.mu.Unlock()
-	return e, count, ok
+	return ext, count, ok
 }
 
-func maxOwn(e *entry, w uint32, capped bool) uint32 {
-	if !capped || e.ext == nil {
+func maxOwn(ext *replica, w uint32, capped bool) uint32 {
+	if !capped || ext == nil {
 		return math.MaxUint32
 	}
-	return e.ext.capFor(w)
+	return ext.capFor(w)
 }
 
 // current returns the count of window w and the window index it belongs to. A window

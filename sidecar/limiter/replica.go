@@ -55,8 +55,8 @@ func (r *replica) noteLimit(limit uint32) {
 }
 
 // noteChanged lists a replicated counter for the next DrainChanged, once.
-func (s *shard) noteChanged(k Key, e *entry) {
-	if e.ext == nil || e.ext.changed.Load() != 0 || !e.ext.changed.CompareAndSwap(0, 1) {
+func (s *shard) noteChanged(k Key, e *entry, ext *replica) {
+	if ext.changed.Load() != 0 || !ext.changed.CompareAndSwap(0, 1) {
 		return
 	}
 	s.changedMu.Lock()
