@@ -607,6 +607,9 @@ func (w *logWriter) Write(p []byte) (int, error) {
 	for sc.Scan() {
 		line := sc.Text()
 		switch {
+		case strings.Contains(line, "use of closed network connection"):
+			// memberlist's listeners report their own shutdown as an error.
+			w.log.Debug(line, "component", "memberlist")
 		case strings.Contains(line, "[ERR]"):
 			w.log.Error(strings.TrimSpace(line[strings.Index(line, "[ERR]")+5:]), "component", "memberlist")
 		case strings.Contains(line, "[WARN]"):
