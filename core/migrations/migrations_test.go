@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/rand"
 	"errors"
+	"io/fs"
 	"strings"
 	"testing"
 	"time"
@@ -43,6 +44,11 @@ func TestUpIsIdempotent(t *testing.T) {
 	t.Parallel()
 	ctx := testContext(t)
 	url := pgserver.NewTestDatabase(t, nil)
+	sqlFiles, err := fs.Glob(files, "*.sql")
+	if err != nil || len(sqlFiles) < 2 {
+		t.Fatalf("embedded migrations: %v %v", sqlFiles, err)
+	}
+	want := int64(len(sqlFiles))
 	for i := range 2 {
 		if err := Up(ctx, url); err != nil {
 			t.Fatalf("Up #%d: %v", i+1, err)
@@ -51,19 +57,20 @@ func TestUpIsIdempotent(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if current != 1 || latest != 1 {
-			t.Errorf("after Up #%d: version %d of %d, want 1 of 1", i+1, current, latest)
+		if current != want || latest != want {
+			t.Errorf("after Up #%d: version %d of %d, want %d of %d", i+1, current, latest, want, want)
 		}
 	}
 	conn := connect(t, url)
-	var applied int
+	var applied int64
 	if err := conn.QueryRow(ctx, "SELECT count(*) FROM goose_db_version WHERE version_id > 0").Scan(&applied); err != nil {
 		t.Fatal(err)
 	}
-	if applied != 1 {
-		t.Errorf("%d migrations recorded, want 1", applied)
+	if applied != want {
+		t.Errorf("%d migrations recorded, want %d", applied, want)
 	}
-	for _, table := range []string{"tenants", "channels"} {
+	for _, table := range []string{"tenants", "channels", "conversations", "activities", "attachments",
+		"admin_users", "tenant_users", "sessions", "password_resets", "audit_logs"} {
 		if !tableExists(t, conn, table) {
 			t.Errorf("table %s missing", table)
 		}

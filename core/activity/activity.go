@@ -1,0 +1,220 @@
+// Package activity is the activity type and its trust boundary (ADR-0005): the fields a
+// client may set (an allowlist, beside the type), their validation, and the server
+// fields that only credentials, the URL, headers or a channel adapter provide.
+package activity
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"slices"
+	"time"
+)
+
+// Activity is a stored activity.
+type Activity struct {
+	ID             string
+	TenantID       string
+	ConversationID string
+	Seq            int64
+	Type           string
+	Sender         string
+	Text           string
+	Attachments    json.RawMessage // a JSON array, never null
+	Metadata       json.RawMessage // a JSON object, never null
+	IdempotencyKey string
+	InsertedAt     time.Time
+}
+
+// Types are the activity types.
+var Types = []string{"message", "event", "typing", "conversationUpdate", "endOfConversation"}
+
+// ClientFields are the only fields a client may set. Every other field is the server's:
+// a new field is server-only until someone deliberately adds it here.
+var ClientFields = []string{"type", "text", "attachments", "metadata"}
+
+// Client is what an untrusted caller gave: the allowlisted fields only.
+type Client struct {
+	Type        string
+	Text        string
+	Attachments []json.RawMessage
+	Metadata    json.RawMessage
+}
+
+// System is what only the server sets: from the credentials, the URL, headers or the
+// channel adapter, never from a request body.
+type System struct {
+	TenantID       string
+	ConversationID string
+	Sender         string
+	// IdempotencyKey is the x-idempotency-key header, or an inbound provider's message
+	// id; "" for none.
+	IdempotencyKey string
+}
+
+// Limits bound what a client may send.
+type Limits struct {
+	MaxTextBytes       int // bytes of text
+	MaxAttachments     int // attachments per activity
+	MaxAttachmentBytes int // JSON bytes per attachment
+	MaxMetadataBytes   int // JSON bytes of metadata
+}
+
+// DefaultLimits are ADR-0005's defaults.
+var DefaultLimits = Limits{MaxTextBytes: 65536, MaxAttachments: 10, MaxAttachmentBytes: 4096, MaxMetadataBytes: 16384}
+
+// FieldErrors are validation errors by field, as the 422 envelope carries them.
+type FieldErrors map[string][]string
+
+func (f FieldErrors) add(field, msg string) { f[field] = append(f[field], msg) }
+
+// Error lists the fields.
+func (f FieldErrors) Error() string {
+	names := make([]string, 0, len(f))
+	for k := range f {
+		names = append(names, k)
+	}
+	slices.Sort(names)
+	return fmt.Sprintf("invalid activity fields: %v", names)
+}
+
+// FromBody takes a tenant-API body's allowlisted keys; every other key is ignored.
+func FromBody(body []byte) (Client, FieldErrors) {
+	return fromFields(body, "metadata")
+}
+
+// FromDirectLine takes a Direct Line activity's allowlisted keys: channelData is the
+// metadata (metadata is accepted when channelData is absent); from.id is the sender,
+// which the caller reads itself with Sender, as a server-side decision of that path.
+func FromDirectLine(body []byte) (Client, FieldErrors) {
+	var probe map[string]json.RawMessage
+	if json.Unmarshal(body, &probe) == nil {
+		if _, ok := probe["channelData"]; ok {
+			return fromFields(body, "channelData")
+		}
+	}
+	return fromFields(body, "metadata")
+}
+
+// Sender returns the from.id of a Direct Line activity, or def.
+func Sender(body []byte, def string) string {
+	var a struct {
+		From struct {
+			ID any `json:"id"`
+		} `json:"from"`
+	}
+	if json.Unmarshal(body, &a) == nil {
+		if s, ok := a.From.ID.(string); ok && s != "" && len(s) <= 256 {
+			return s
+		}
+	}
+	return def
+}
+
+func fromFields(body []byte, metadataKey string) (Client, FieldErrors) {
+	errs := FieldErrors{}
+	var fields map[string]json.RawMessage
+	if err := json.Unmarshal(body, &fields); err != nil || fields == nil {
+		errs.add("body", "must be a JSON object")
+		return Client{}, errs
+	}
+	var c Client
+	str := func(key string, dst *string) {
+		raw, ok := fields[key]
+		if !ok || isNull(raw) {
+			return
+		}
+		if json.Unmarshal(raw, dst) != nil {
+			errs.add(key, "must be a string")
+		}
+	}
+	str("type", &c.Type)
+	str("text", &c.Text)
+	if raw, ok := fields["attachments"]; ok && !isNull(raw) {
+		if json.Unmarshal(raw, &c.Attachments) != nil {
+			errs.add("attachments", "must be a list of objects")
+		}
+	}
+	if raw, ok := fields[metadataKey]; ok && !isNull(raw) {
+		c.Metadata = raw
+	}
+	if len(errs) > 0 {
+		return Client{}, errs
+	}
+	return c, nil
+}
+
+func isNull(raw json.RawMessage) bool { return string(bytes.TrimSpace(raw)) == "null" }
+
+// Validate checks a client's fields against the type list and the limits, and fills
+// the defaults: type "message", no attachments, empty metadata.
+func (c *Client) Validate(l Limits) FieldErrors {
+	errs := FieldErrors{}
+	if c.Type == "" {
+		c.Type = "message"
+	}
+	if !slices.Contains(Types, c.Type) {
+		errs.add("type", fmt.Sprintf("must be one of %v", Types))
+	}
+	if len(c.Text) > l.MaxTextBytes {
+		errs.add("text", fmt.Sprintf("must be at most %d bytes", l.MaxTextBytes))
+	}
+	if len(c.Attachments) > l.MaxAttachments {
+		errs.add("attachments", fmt.Sprintf("must be at most %d", l.MaxAttachments))
+	}
+	for i, a := range c.Attachments {
+		var obj map[string]json.RawMessage
+		switch {
+		case json.Unmarshal(a, &obj) != nil || obj == nil:
+			errs.add("attachments", fmt.Sprintf("attachment %d must be an object", i))
+		case len(compact(a)) > l.MaxAttachmentBytes:
+			errs.add("attachments", fmt.Sprintf("attachment %d must be at most %d bytes of JSON", i, l.MaxAttachmentBytes))
+		}
+	}
+	if len(c.Metadata) == 0 {
+		c.Metadata = json.RawMessage("{}")
+	} else {
+		var obj map[string]json.RawMessage
+		switch {
+		case json.Unmarshal(c.Metadata, &obj) != nil || obj == nil:
+			errs.add("metadata", "must be an object")
+		case len(compact(c.Metadata)) > l.MaxMetadataBytes:
+			errs.add("metadata", fmt.Sprintf("must be at most %d bytes of JSON", l.MaxMetadataBytes))
+		}
+	}
+	if len(errs) > 0 {
+		return errs
+	}
+	return nil
+}
+
+// AttachmentsJSON returns the attachments as one JSON array.
+func (c *Client) AttachmentsJSON() json.RawMessage {
+	if len(c.Attachments) == 0 {
+		return json.RawMessage("[]")
+	}
+	b, _ := json.Marshal(c.Attachments)
+	return b
+}
+
+func compact(raw json.RawMessage) []byte {
+	var b bytes.Buffer
+	if json.Compact(&b, raw) != nil {
+		return raw
+	}
+	return b.Bytes()
+}
+
+// BodySender returns the "sender" string of a tenant-API body (a server-to-server API,
+// whose caller names the sender), or def.
+func BodySender(body []byte, def string) string {
+	var a struct {
+		Sender any `json:"sender"`
+	}
+	if json.Unmarshal(body, &a) == nil {
+		if s, ok := a.Sender.(string); ok && s != "" && len(s) <= 256 {
+			return s
+		}
+	}
+	return def
+}

@@ -1,0 +1,147 @@
+// Package config reads the core's configuration from the environment and refuses
+// invalid values with a message naming the variable.
+package config
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/url"
+	"strconv"
+	"strings"
+
+	"github.com/converger/edge/core/activity"
+	"github.com/converger/edge/core/credentials"
+	"github.com/converger/edge/shared/clientip"
+	"github.com/converger/edge/shared/token"
+)
+
+// Config is the core's configuration.
+type Config struct {
+	Addr        string // CORE_ADDR
+	DatabaseURL string // DATABASE_URL (required)
+	// PublicURL is the base URL clients reach the core at (PUBLIC_URL), for streamUrl and
+	// contentUrl; default http://CORE_ADDR.
+	PublicURL   string
+	Signer      *token.Signer       // TOKEN_SIGNING_KEY (required to serve)
+	Verifier    *token.Verifier     // the signer's public key plus TOKEN_VERIFY_KEYS
+	Sealer      *credentials.Sealer // ENCRYPTION_KEY
+	LimiterAddr string              // LIMITER_ADDR
+	AuthzAddr   string              // AUTHZ_ADDR
+	// TrustedProxies resolves client addresses (TRUSTED_PROXIES), as the sidecar does.
+	TrustedProxies *clientip.Resolver
+	Limits         activity.Limits // ACTIVITY_MAX_*
+	MaxUploadBytes int             // UPLOAD_MAX_BYTES
+	LogLevel       slog.Level
+	LogFormat      string
+}
+
+// Load reads the configuration through getenv. Serving needs DATABASE_URL and
+// TOKEN_SIGNING_KEY; the management commands only DATABASE_URL (and ENCRYPTION_KEY to
+// create channels), so Load checks the formats and callers check what they need.
+func Load(getenv func(string) string) (*Config, error) {
+	c := &Config{
+		Addr:           orDefault(getenv("CORE_ADDR"), "127.0.0.1:8080"),
+		DatabaseURL:    strings.TrimSpace(getenv("DATABASE_URL")),
+		LimiterAddr:    strings.TrimSpace(getenv("LIMITER_ADDR")),
+		AuthzAddr:      strings.TrimSpace(getenv("AUTHZ_ADDR")),
+		Limits:         activity.DefaultLimits,
+		MaxUploadBytes: 4 << 20,
+		LogFormat:      orDefault(getenv("LOG_FORMAT"), "json"),
+	}
+	if err := checkAddr(c.Addr); err != nil {
+		return nil, fmt.Errorf("CORE_ADDR=%q: %w", c.Addr, err)
+	}
+	for _, v := range []struct{ name, val string }{{"LIMITER_ADDR", c.LimiterAddr}, {"AUTHZ_ADDR", c.AuthzAddr}} {
+		if v.val != "" {
+			if err := checkAddr(v.val); err != nil {
+				return nil, fmt.Errorf("%s=%q: %w", v.name, v.val, err)
+			}
+		}
+	}
+	c.PublicURL = strings.TrimRight(orDefault(getenv("PUBLIC_URL"), "http://"+c.Addr), "/")
+	if u, err := url.Parse(c.PublicURL); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		return nil, fmt.Errorf("PUBLIC_URL=%q: must be an http(s) URL such as https://api.example.com", c.PublicURL)
+	}
+	var err error
+	if v := strings.TrimSpace(getenv("TOKEN_SIGNING_KEY")); v != "" {
+		if c.Signer, err = token.ParseSigningKey(v); err != nil {
+			return nil, fmt.Errorf("TOKEN_SIGNING_KEY: %w", err)
+		}
+		keys := c.Signer.PublicKey()
+		if extra := strings.TrimSpace(getenv("TOKEN_VERIFY_KEYS")); extra != "" {
+			keys += "," + extra
+		}
+		if c.Verifier, err = token.ParseVerifyKeys(keys); err != nil {
+			return nil, fmt.Errorf("TOKEN_VERIFY_KEYS: %w", err)
+		}
+	}
+	if v := strings.TrimSpace(getenv("ENCRYPTION_KEY")); v != "" {
+		if c.Sealer, err = credentials.ParseEncryptionKey(v); err != nil {
+			return nil, fmt.Errorf("ENCRYPTION_KEY: %w", err)
+		}
+	}
+	if c.TrustedProxies, err = clientip.Parse(getenv("TRUSTED_PROXIES")); err != nil {
+		return nil, fmt.Errorf("TRUSTED_PROXIES: %w", err)
+	}
+	for _, n := range []struct {
+		name string
+		dst  *int
+	}{
+		{"ACTIVITY_MAX_TEXT_BYTES", &c.Limits.MaxTextBytes},
+		{"ACTIVITY_MAX_ATTACHMENTS", &c.Limits.MaxAttachments},
+		{"ACTIVITY_MAX_ATTACHMENT_BYTES", &c.Limits.MaxAttachmentBytes},
+		{"ACTIVITY_MAX_METADATA_BYTES", &c.Limits.MaxMetadataBytes},
+		{"UPLOAD_MAX_BYTES", &c.MaxUploadBytes},
+	} {
+		if v := strings.TrimSpace(getenv(n.name)); v != "" {
+			i, err := strconv.Atoi(v)
+			if err != nil || i <= 0 || i > 1<<30 {
+				return nil, fmt.Errorf("%s=%q: must be a positive whole number", n.name, v)
+			}
+			*n.dst = i
+		}
+	}
+	switch v := strings.ToLower(orDefault(getenv("LOG_LEVEL"), "info")); v {
+	case "debug", "info", "warn", "error":
+		_ = c.LogLevel.UnmarshalText([]byte(v))
+	default:
+		return nil, fmt.Errorf("LOG_LEVEL=%q: must be debug, info, warn or error", v)
+	}
+	if c.LogFormat != "json" && c.LogFormat != "text" {
+		return nil, fmt.Errorf("LOG_FORMAT=%q: must be json or text", c.LogFormat)
+	}
+	return c, nil
+}
+
+// RequireServe checks what serving needs.
+func (c *Config) RequireServe() error {
+	switch {
+	case c.DatabaseURL == "":
+		return errors.New("DATABASE_URL is required")
+	case c.Signer == nil:
+		return errors.New("TOKEN_SIGNING_KEY is required (the base64 of a 32-byte Ed25519 seed)")
+	case c.Sealer == nil:
+		return errors.New("ENCRYPTION_KEY is required (the base64 of 32 random bytes)")
+	}
+	return nil
+}
+
+func orDefault(v, def string) string {
+	if v = strings.TrimSpace(v); v == "" {
+		return def
+	}
+	return v
+}
+
+func checkAddr(a string) error {
+	_, port, err := net.SplitHostPort(a)
+	if err != nil {
+		return errors.New("must be host:port")
+	}
+	if p, err := strconv.Atoi(port); err != nil || p < 0 || p > 65535 {
+		return errors.New("the port must be a number from 0 to 65535")
+	}
+	return nil
+}

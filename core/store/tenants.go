@@ -1,0 +1,137 @@
+package store
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/converger/edge/core/credentials"
+)
+
+// Tenant is a stored tenant.
+type Tenant struct {
+	ID, Name, Status, APIKeyPrefix string
+}
+
+// Channel is a stored channel.
+type Channel struct {
+	ID, TenantID, Name, Type, Mode, Status string
+	RequireSignature                        bool
+	// TenantActive is false when the channel's tenant is inactive.
+	TenantActive bool
+}
+
+// Active reports whether the channel and its tenant accept traffic.
+func (c Channel) Active() bool { return c.Status == "active" && c.TenantActive }
+
+// ChannelTypes are the channel types.
+var ChannelTypes = []string{"echo", "webhook"}
+
+// TenantByAPIKey returns the active tenant of an API key: the current key, or the
+// previous one during its rotation grace.
+func (s *Store) TenantByAPIKey(ctx context.Context, key string) (Tenant, error) {
+	var t Tenant
+	err := s.pool.QueryRow(ctx, `
+		SELECT id::text, name, status, api_key_prefix FROM tenants
+		WHERE status = 'active' AND (api_key_hash = $1
+		   OR (previous_api_key_hash = $1 AND previous_api_key_expires_at > now()))`,
+		credentials.Hash(key)).Scan(&t.ID, &t.Name, &t.Status, &t.APIKeyPrefix)
+	return t, notFound(err)
+}
+
+// TenantByName returns a tenant by name, case-insensitively.
+func (s *Store) TenantByName(ctx context.Context, name string) (Tenant, error) {
+	var t Tenant
+	err := s.pool.QueryRow(ctx, `SELECT id::text, name, status, api_key_prefix FROM tenants WHERE lower(name) = lower($1)`,
+		name).Scan(&t.ID, &t.Name, &t.Status, &t.APIKeyPrefix)
+	return t, notFound(err)
+}
+
+// CreateTenant creates a tenant and returns its API key, the only time it is seen.
+func (s *Store) CreateTenant(ctx context.Context, name string) (Tenant, string, error) {
+	key := credentials.NewAPIKey()
+	var t Tenant
+	err := s.pool.QueryRow(ctx, `
+		INSERT INTO tenants (name, api_key_hash, api_key_prefix) VALUES ($1, $2, $3)
+		RETURNING id::text, name, status, api_key_prefix`,
+		name, credentials.Hash(key), credentials.DisplayPrefix(key)).Scan(&t.ID, &t.Name, &t.Status, &t.APIKeyPrefix)
+	if isUniqueViolation(err) {
+		return Tenant{}, "", ErrConflict
+	}
+	return t, key, err
+}
+
+const channelColumns = `c.id::text, c.tenant_id::text, c.name, c.type, c.mode, c.status, c.require_signature, t.status = 'active'`
+
+func scanChannel(row pgx.Row) (Channel, error) {
+	var c Channel
+	err := row.Scan(&c.ID, &c.TenantID, &c.Name, &c.Type, &c.Mode, &c.Status, &c.RequireSignature, &c.TenantActive)
+	return c, notFound(err)
+}
+
+// ChannelBySecret returns the channel of a channel secret.
+func (s *Store) ChannelBySecret(ctx context.Context, secret string) (Channel, error) {
+	return scanChannel(s.pool.QueryRow(ctx, `SELECT `+channelColumns+`
+		FROM channels c JOIN tenants t ON t.id = c.tenant_id WHERE c.secret_hash = $1`, credentials.Hash(secret)))
+}
+
+// ChannelByPublishableKey returns the channel of a publishable key.
+func (s *Store) ChannelByPublishableKey(ctx context.Context, key string) (Channel, error) {
+	return scanChannel(s.pool.QueryRow(ctx, `SELECT `+channelColumns+`
+		FROM channels c JOIN tenants t ON t.id = c.tenant_id WHERE c.publishable_key_hash = $1`, credentials.Hash(key)))
+}
+
+// ChannelByID returns a channel.
+func (s *Store) ChannelByID(ctx context.Context, id string) (Channel, error) {
+	return scanChannel(s.pool.QueryRow(ctx, `SELECT `+channelColumns+`
+		FROM channels c JOIN tenants t ON t.id = c.tenant_id WHERE c.id = $1`, id))
+}
+
+// ChannelSecrets are a new channel's credentials, shown once.
+type ChannelSecrets struct {
+	Secret      string
+	Publishable string
+}
+
+// ErrNoEncryptionKey: channel secrets need ENCRYPTION_KEY.
+var ErrNoEncryptionKey = errors.New("ENCRYPTION_KEY is required to store channel secrets")
+
+// CreateChannel creates a channel of a tenant with a new secret (stored as SHA-256 and
+// sealed with ENCRYPTION_KEY) and publishable key (SHA-256).
+func (s *Store) CreateChannel(ctx context.Context, tenantID, name, typ string) (Channel, ChannelSecrets, error) {
+	if s.sealer == nil {
+		return Channel{}, ChannelSecrets{}, ErrNoEncryptionKey
+	}
+	sec := ChannelSecrets{Secret: credentials.NewChannelSecret(), Publishable: credentials.NewPublishableKey()}
+	var id string
+	err := s.pool.QueryRow(ctx, `
+		INSERT INTO channels (tenant_id, name, type, secret_hash, secret_ciphertext, publishable_key_hash)
+		VALUES ($1, $2, $3, $4, $5, $6) RETURNING id::text`,
+		tenantID, name, typ, credentials.Hash(sec.Secret), s.sealer.Seal([]byte(sec.Secret)), credentials.Hash(sec.Publishable)).Scan(&id)
+	if isUniqueViolation(err) {
+		return Channel{}, ChannelSecrets{}, ErrConflict
+	}
+	if err != nil {
+		return Channel{}, ChannelSecrets{}, err
+	}
+	c, err := s.ChannelByID(ctx, id)
+	return c, sec, err
+}
+
+// ChannelSecret reads a channel's secret back (for inbound signatures).
+func (s *Store) ChannelSecret(ctx context.Context, channelID string) (string, error) {
+	if s.sealer == nil {
+		return "", ErrNoEncryptionKey
+	}
+	var sealed []byte
+	if err := s.pool.QueryRow(ctx, `SELECT secret_ciphertext FROM channels WHERE id = $1`, channelID).Scan(&sealed); err != nil {
+		return "", notFound(err)
+	}
+	b, err := s.sealer.Open(sealed)
+	return string(b), err
+}
+
+// DefaultKeyGrace is how long a rotated API key keeps working.
+const DefaultKeyGrace = 24 * time.Hour
