@@ -156,13 +156,7 @@ func (v *Verifier) Verify(tok string) (*Claims, error) {
 		return nil, fmt.Errorf("%w: too long", ErrInvalid)
 	}
 	var c Claims
-	_, err := v.parser.ParseWithClaims(tok, &c, func(t *jwt.Token) (any, error) {
-		kid, _ := t.Header["kid"].(string)
-		if k, ok := v.keys[kid]; ok {
-			return k, nil
-		}
-		return nil, errors.New("unknown key id")
-	})
+	_, err := v.parser.ParseWithClaims(tok, &c, v.key)
 	if err != nil {
 		return nil, fmt.Errorf("%w: %v", ErrInvalid, err)
 	}

@@ -139,3 +139,29 @@ func TestKeyParsingErrors(t *testing.T) {
 		t.Errorf("unpadded base64url key refused: %v", err)
 	}
 }
+
+func TestLegacyTokens(t *testing.T) {
+	s, v := newPair(t)
+	now := time.Now()
+	legacy, err := s.IssueLegacy(tenantID, channelID, "user-7", now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := v.VerifyLegacy(legacy)
+	if err != nil || c.ConversationID != tenantID || c.TenantID != channelID || c.Subject != "user-7" ||
+		c.ExpiresAt.Sub(c.IssuedAt.Time) != LegacyLifetime {
+		t.Fatalf("legacy claims %+v, %v", c, err)
+	}
+	// Neither kind passes for the other.
+	if _, err := v.Verify(legacy); err == nil {
+		t.Error("a legacy token verified as a Converger token")
+	}
+	converger, _ := s.Issue(Claims{TenantID: tenantID, ChannelID: channelID, Src: SrcSecret}, now)
+	if _, err := v.VerifyLegacy(converger); err == nil {
+		t.Error("a Converger token verified as a legacy token")
+	}
+	expired, _ := s.IssueLegacy(tenantID, channelID, "u", now.Add(-2*time.Hour))
+	if _, err := v.VerifyLegacy(expired); err == nil {
+		t.Error("an expired legacy token verified")
+	}
+}
