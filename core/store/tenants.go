@@ -18,7 +18,7 @@ type Tenant struct {
 // Channel is a stored channel.
 type Channel struct {
 	ID, TenantID, Name, Type, Mode, Status string
-	RequireSignature                        bool
+	RequireSignature                       bool
 	// TenantActive is false when the channel's tenant is inactive.
 	TenantActive bool
 }

@@ -1,4 +1,5 @@
-// Command core is the core API service and its management commands. See the README.
+// Command core is the core API service (serve, migrate) and its management commands
+// (core/manage: tenants, channels, limits, admins). `core help` lists them.
 package main
 
 import (
@@ -10,25 +11,25 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/gofiber/fiber/v2"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/converger/edge/core/api"
+	"github.com/converger/edge/core/authzcheck"
 	"github.com/converger/edge/core/config"
+	"github.com/converger/edge/core/manage"
 	"github.com/converger/edge/core/migrations"
 	"github.com/converger/edge/core/store"
 )
 
-const usage = `usage: core <command>
-
-commands:
-  serve     run the HTTP API on CORE_ADDR (migrates first)
-  migrate   apply the database migrations to DATABASE_URL
-`
-
 func main() {
-	if len(os.Args) < 2 {
-		fmt.Fprint(os.Stderr, usage)
-		os.Exit(2)
+	if len(os.Args) < 2 || (os.Args[1] != "serve" && os.Args[1] != "migrate") {
+		// The management commands, help and unknown commands; they read only the
+		// environment they need, so that an unrelated setting cannot stop them.
+		ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+		code := manage.Run(ctx, os.Args[1:], manage.Env{Getenv: os.Getenv, Stdin: os.Stdin}, os.Stdout, os.Stderr)
+		stop()
+		os.Exit(code)
 	}
 	cfg, err := config.Load(os.Getenv)
 	if err != nil {
@@ -49,11 +50,6 @@ func main() {
 		err = serve(ctx, cfg, log)
 	case "migrate":
 		err = migrate(ctx, cfg)
-	case "-h", "--help", "help":
-		fmt.Print(usage)
-	default:
-		fmt.Fprintf(os.Stderr, "core: unknown command %q\n%s", os.Args[1], usage)
-		os.Exit(2)
 	}
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "core: %v\n", err)
@@ -88,6 +84,19 @@ func serve(ctx context.Context, cfg *config.Config, log *slog.Logger) error {
 		return fmt.Errorf("DATABASE_URL: %w", err)
 	}
 	defer pool.Close()
+	// AUTHZ_ADDR: without Envoy in front, ask the sidecar's ext_authz Check about every
+	// request ourselves, as Envoy would (core/authzcheck; fails open like Envoy's
+	// failure_mode_allow).
+	var middleware []fiber.Handler
+	if cfg.AuthzAddr != "" {
+		checker, err := authzcheck.New(authzcheck.Options{Addr: cfg.AuthzAddr, Logger: log})
+		if err != nil {
+			return err
+		}
+		defer checker.Close()
+		middleware = append(middleware, checker.Handler)
+		log.Info("every request is checked by the sidecar", "authz_addr", cfg.AuthzAddr)
+	}
 	app, listener := api.New(api.Deps{
 		Store:          store.New(pool, cfg.Sealer, cfg.Limits),
 		Signer:         cfg.Signer,
@@ -96,6 +105,7 @@ func serve(ctx context.Context, cfg *config.Config, log *slog.Logger) error {
 		Limits:         cfg.Limits,
 		MaxUploadBytes: cfg.MaxUploadBytes,
 		Logger:         log,
+		Middleware:     middleware,
 	})
 	lctx, cancel := context.WithCancel(ctx)
 	defer cancel()

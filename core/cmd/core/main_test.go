@@ -1,0 +1,311 @@
+package main_test
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/converger/edge/core/credentials"
+	"github.com/converger/edge/shared/pgserver"
+	"github.com/converger/edge/shared/token"
+)
+
+var binary string // the core binary, built once by TestMain
+
+func TestMain(m *testing.M) {
+	dir, err := os.MkdirTemp("", "core-bin-")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	binary = filepath.Join(dir, "core")
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	build := exec.CommandContext(ctx, "go", "build", "-o", binary, ".")
+	build.Stdout, build.Stderr = os.Stderr, os.Stderr
+	err = build.Run()
+	cancel()
+	code := 1
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "building core:", err)
+	} else {
+		code = pgserver.RunTests(m)
+	}
+	os.RemoveAll(dir)
+	os.Exit(code)
+}
+
+// proc runs the binary with a controlled environment.
+type proc struct {
+	t   *testing.T
+	env map[string]string
+}
+
+func newProc(t *testing.T, env map[string]string) *proc {
+	if env["USER"] == "" {
+		env["USER"] = "e2e"
+	}
+	return &proc{t: t, env: env}
+}
+
+func (p *proc) environ() []string {
+	var out []string
+	for _, kv := range os.Environ() {
+		k, _, _ := strings.Cut(kv, "=")
+		switch k {
+		case "DATABASE_URL", "ENCRYPTION_KEY", "TOKEN_SIGNING_KEY", "TOKEN_VERIFY_KEYS", "CORE_ADDR", "PUBLIC_URL", "USER", "LOGNAME":
+			continue
+		}
+		out = append(out, kv)
+	}
+	for k, v := range p.env {
+		out = append(out, k+"="+v)
+	}
+	return out
+}
+
+type result struct {
+	code           int
+	stdout, stderr string
+}
+
+func (p *proc) run(stdin string, args ...string) result {
+	p.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, binary, args...)
+	cmd.Env = p.environ()
+	cmd.Stdin = strings.NewReader(stdin)
+	var out, errOut bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &errOut
+	err := cmd.Run()
+	var exit *exec.ExitError
+	code := 0
+	if errors.As(err, &exit) {
+		code = exit.ExitCode()
+	} else if err != nil {
+		p.t.Fatalf("core %v: %v", args, err)
+	}
+	return result{code, out.String(), errOut.String()}
+}
+
+func (p *proc) expect(code int, want string, args ...string) result {
+	p.t.Helper()
+	r := p.run("", args...)
+	text := r.stdout
+	if code != 0 {
+		text = r.stderr
+	}
+	if r.code != code || !strings.Contains(text, want) {
+		p.t.Fatalf("core %s: exit %d (want %d)\nstdout: %s\nstderr: %s\nwant output containing %q",
+			strings.Join(args, " "), r.code, code, r.stdout, r.stderr, want)
+	}
+	return r
+}
+
+func field(t *testing.T, out, label string) string {
+	t.Helper()
+	m := regexp.MustCompile(`(?m)^\s*` + regexp.QuoteMeta(label) + `:\s*(\S+)\s*$`).FindStringSubmatch(out)
+	if m == nil {
+		t.Fatalf("no %q in output:\n%s", label, out)
+	}
+	return m[1]
+}
+
+func TestUsage(t *testing.T) {
+	t.Parallel()
+	p := newProc(t, map[string]string{})
+	r := p.expect(0, "tenants rotate-key --name N [--grace 24h]", "help")
+	for _, cmd := range []string{"serve", "migrate", "tenants create", "tenants deactivate", "channels create",
+		"limits set", "limits show", "limits clear", "admins create"} {
+		if !strings.Contains(r.stdout, cmd) {
+			t.Errorf("help does not list %q", cmd)
+		}
+	}
+	if r := p.run(""); r.code != 2 || !strings.Contains(r.stderr, "usage: core") {
+		t.Errorf("no arguments: exit %d stderr %q", r.code, r.stderr)
+	}
+	p.expect(2, `unknown command "launch"`, "launch")
+	p.expect(2, "--name is required", "tenants", "create")
+	p.expect(1, "DATABASE_URL is required", "tenants", "create", "--name", "x")
+	p.expect(1, "DATABASE_URL is required", "migrate")
+}
+
+// TestCommandsEndToEnd runs the binary's commands against a database it migrates itself,
+// then serves with it and uses the printed credentials.
+func TestCommandsEndToEnd(t *testing.T) {
+	t.Parallel()
+	url := pgserver.NewTestDatabase(t, nil)
+	encKey := credentials.GenerateEncryptionKey()
+	p := newProc(t, map[string]string{"DATABASE_URL": url, "ENCRYPTION_KEY": encKey})
+
+	p.expect(1, "run `core migrate` first", "tenants", "create", "--name", "acme")
+	p.expect(0, "database at schema version", "migrate")
+
+	r := p.expect(0, "shown only this once", "tenants", "create", "--name", "acme")
+	tenantID, apiKey := field(t, r.stdout, "id"), field(t, r.stdout, "api key")
+	p.expect(1, `a tenant named "ACME" already exists`, "tenants", "create", "--name", "ACME")
+
+	r = p.expect(0, "publishable key", "channels", "create", "--tenant", "acme", "--name", "web", "--type", "echo")
+	secret := field(t, r.stdout, "secret")
+	p.expect(2, `--type "sms"`, "channels", "create", "--tenant", "acme", "--name", "x", "--type", "sms")
+
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	conn, err := pgx.Connect(ctx, url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(context.Background())
+	if _, err := conn.Exec(ctx, "LISTEN rate_limit_overrides"); err != nil {
+		t.Fatal(err)
+	}
+	p.expect(2, `the limit "0" must be a positive integer`, "limits", "set", "--tenant", "acme", "inbound=0/1s")
+	p.expect(2, `the window "1x" is not a duration`, "limits", "set", "--tenant", "acme", "inbound=5/1x")
+	p.expect(2, `"nope" is not an overridable bucket`, "limits", "set", "--tenant", "acme", "nope=5/1s")
+	p.expect(1, `no tenant named "nobody"`, "limits", "set", "--tenant", "nobody", "inbound=5/1s")
+	p.expect(0, "inbound            2000/1s", "limits", "set", "--tenant", "acme", "inbound=2000/1s", "--actor", "e2e:ops")
+	wctx, wcancel := context.WithTimeout(ctx, 5*time.Second)
+	n, err := conn.WaitForNotification(wctx)
+	wcancel()
+	if err != nil || n.Payload != tenantID {
+		t.Fatalf("notification: %v %v (only the successful set may notify, with the tenant id %s)", n, err, tenantID)
+	}
+	p.expect(0, "inbound            2000/1s    tenant override", "limits", "show", "--tenant", "acme")
+	p.expect(0, "cleared", "limits", "clear", "--tenant", "acme")
+
+	r = p.run("long enough password\n", "admins", "create", "--email", "ops@example.com", "--password-stdin")
+	if r.code != 0 || !strings.Contains(r.stdout, "Admin user created") {
+		t.Fatalf("admins create: %d\n%s%s", r.code, r.stdout, r.stderr)
+	}
+	r = p.expect(0, "must be changed at the first login", "admins", "create", "--email", "second@example.com")
+	password := field(t, r.stdout, "password")
+
+	var audits int
+	var leaked bool
+	if err := conn.QueryRow(ctx, `SELECT count(*), coalesce(bool_or(changes::text LIKE '%' || $1 || '%' OR changes::text LIKE '%' || $2 || '%'
+		OR changes::text LIKE '%' || $3 || '%'), false) FROM audit_logs`, apiKey, secret, password).Scan(&audits, &leaked); err != nil {
+		t.Fatal(err)
+	}
+	if audits != 6 || leaked {
+		t.Fatalf("%d audit rows (want 6: tenant, channel, limits set and clear, two admins); secrets leaked: %v", audits, leaked)
+	}
+
+	// The printed credentials work against the served API.
+	base := p.serve(t)
+	status := func(key string) int {
+		req, _ := http.NewRequestWithContext(ctx, "GET", base+"/api/v1/conversations/00000000-0000-0000-0000-000000000000", nil)
+		req.Header.Set("x-api-key", key)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	if got := status(apiKey); got != http.StatusNotFound {
+		t.Fatalf("the created key: %d, want 404 (authenticated, no such conversation)", got)
+	}
+	r = p.expect(0, "keeps working until", "tenants", "rotate-key", "--name", "acme", "--grace", "1h")
+	newKey := field(t, r.stdout, "api key")
+	if status(apiKey) != http.StatusNotFound || status(newKey) != http.StatusNotFound {
+		t.Fatal("within the grace both keys authenticate")
+	}
+	p.expect(0, "deactivated", "tenants", "deactivate", "--name", "acme")
+	if got := status(newKey); got != http.StatusUnauthorized {
+		t.Fatalf("a deactivated tenant's key: %d, want 401", got)
+	}
+}
+
+// serve starts `core serve` on a free port and stops it (SIGTERM, exit 0) when the test
+// ends; it returns the base URL once the API answers.
+func (p *proc) serve(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	ln.Close()
+	signing, err := token.GenerateKey()
+	if err != nil {
+		t.Fatal(err)
+	}
+	env := map[string]string{"CORE_ADDR": addr, "TOKEN_SIGNING_KEY": signing, "LOG_FORMAT": "text", "LOG_LEVEL": "warn"}
+	for k, v := range p.env {
+		env[k] = v
+	}
+	sp := &proc{t: t, env: env}
+	cmd := exec.Command(binary, "serve")
+	cmd.Env = sp.environ()
+	logs := &lockedBuffer{}
+	cmd.Stdout, cmd.Stderr = logs, logs
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan struct{}) // closed when the process has exited, waitErr set
+	var waitErr error
+	go func() { waitErr = cmd.Wait(); close(done) }()
+	t.Cleanup(func() {
+		_ = cmd.Process.Signal(syscall.SIGTERM)
+		select {
+		case <-done:
+			if waitErr != nil {
+				t.Errorf("core serve exited with %v after SIGTERM\n%s", waitErr, logs.String())
+			}
+		case <-time.After(15 * time.Second):
+			_ = cmd.Process.Kill()
+			<-done
+			t.Errorf("core serve did not stop within 15 s of SIGTERM")
+		}
+	})
+	base := "http://" + addr
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		resp, err := http.Get(base + "/api/v1/conversations/x")
+		if err == nil {
+			resp.Body.Close()
+			return base
+		}
+		select {
+		case <-done:
+			t.Fatalf("core serve exited: %v\n%s", waitErr, logs.String())
+		default:
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("core serve does not answer on %s\n%s", addr, logs.String())
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// lockedBuffer is the log of a running process, read while it is written.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
