@@ -8,6 +8,8 @@ import (
 	"encoding/json"
 	"fmt"
 	"slices"
+	"strconv"
+	"strings"
 	"time"
 )
 
@@ -104,7 +106,7 @@ func Sender(body []byte, def string) string {
 		} `json:"from"`
 	}
 	if json.Unmarshal(body, &a) == nil {
-		if s, ok := a.From.ID.(string); ok && s != "" && len(s) <= 256 {
+		if s, ok := a.From.ID.(string); ok && validSender(s) {
 			return s
 		}
 	}
@@ -162,25 +164,23 @@ func (c *Client) Validate(l Limits) FieldErrors {
 	if len(c.Attachments) > l.MaxAttachments {
 		errs.add("attachments", fmt.Sprintf("must be at most %d", l.MaxAttachments))
 	}
+	if strings.ContainsRune(c.Text, 0) {
+		errs.add("text", "must not contain NUL characters")
+	}
 	for i, a := range c.Attachments {
-		var obj map[string]json.RawMessage
-		switch {
-		case json.Unmarshal(a, &obj) != nil || obj == nil:
-			errs.add("attachments", fmt.Sprintf("attachment %d must be an object", i))
-		case len(compact(a)) > l.MaxAttachmentBytes:
-			errs.add("attachments", fmt.Sprintf("attachment %d must be at most %d bytes of JSON", i, l.MaxAttachmentBytes))
+		norm, msg := CheckObject(a, l.MaxAttachmentBytes)
+		if msg != "" {
+			errs.add("attachments", fmt.Sprintf("attachment %d %s", i, msg))
+			continue
 		}
+		c.Attachments[i] = norm
 	}
 	if len(c.Metadata) == 0 {
 		c.Metadata = json.RawMessage("{}")
+	} else if norm, msg := CheckObject(c.Metadata, l.MaxMetadataBytes); msg != "" {
+		errs.add("metadata", msg)
 	} else {
-		var obj map[string]json.RawMessage
-		switch {
-		case json.Unmarshal(c.Metadata, &obj) != nil || obj == nil:
-			errs.add("metadata", "must be an object")
-		case len(compact(c.Metadata)) > l.MaxMetadataBytes:
-			errs.add("metadata", fmt.Sprintf("must be at most %d bytes of JSON", l.MaxMetadataBytes))
-		}
+		c.Metadata = norm
 	}
 	if len(errs) > 0 {
 		return errs
@@ -195,6 +195,66 @@ func (c *Client) AttachmentsJSON() json.RawMessage {
 	}
 	b, _ := json.Marshal(c.Attachments)
 	return b
+}
+
+// CheckObject checks that raw is a JSON object of at most maxBytes bytes (compacted)
+// that PostgreSQL's jsonb can store, and returns it re-encoded from its parsed value
+// (valid UTF-8, lone surrogates replaced; jsonb normalises key order and spacing
+// anyway), or a message for the field ("must be an object", …).
+func CheckObject(raw json.RawMessage, maxBytes int) (json.RawMessage, string) {
+	dec := json.NewDecoder(bytes.NewReader(raw))
+	dec.UseNumber()
+	var obj map[string]any
+	if dec.Decode(&obj) != nil || obj == nil || dec.More() {
+		return nil, "must be an object"
+	}
+	if len(compact(raw)) > maxBytes {
+		return nil, fmt.Sprintf("must be at most %d bytes of JSON", maxBytes)
+	}
+	if msg := storable(obj); msg != "" {
+		return nil, msg
+	}
+	var b bytes.Buffer
+	enc := json.NewEncoder(&b)
+	enc.SetEscapeHTML(false)
+	if enc.Encode(obj) != nil {
+		return nil, "must be an object"
+	}
+	return json.RawMessage(bytes.TrimRight(b.Bytes(), "\n")), ""
+}
+
+// storable finds what jsonb refuses in a parsed JSON value: NUL characters in strings
+// or keys, and numbers beyond its numeric range.
+func storable(v any) string {
+	switch v := v.(type) {
+	case string:
+		if strings.ContainsRune(v, 0) {
+			return "must not contain NUL characters"
+		}
+	case json.Number:
+		s := strings.ToLower(string(v))
+		if i := strings.IndexByte(s, 'e'); i >= 0 {
+			if exp, err := strconv.Atoi(strings.TrimPrefix(s[i+1:], "+")); err != nil || exp > 1000 || exp < -1000 {
+				return "must not contain numbers out of range"
+			}
+		}
+	case []any:
+		for _, e := range v {
+			if msg := storable(e); msg != "" {
+				return msg
+			}
+		}
+	case map[string]any:
+		for k, e := range v {
+			if strings.ContainsRune(k, 0) {
+				return "must not contain NUL characters"
+			}
+			if msg := storable(e); msg != "" {
+				return msg
+			}
+		}
+	}
+	return ""
 }
 
 func compact(raw json.RawMessage) []byte {
@@ -212,9 +272,15 @@ func BodySender(body []byte, def string) string {
 		Sender any `json:"sender"`
 	}
 	if json.Unmarshal(body, &a) == nil {
-		if s, ok := a.Sender.(string); ok && s != "" && len(s) <= 256 {
+		if s, ok := a.Sender.(string); ok && validSender(s) {
 			return s
 		}
 	}
 	return def
+}
+
+// validSender reports whether a sender named in a body can be stored: 1 to 256 bytes
+// without NUL characters.
+func validSender(s string) bool {
+	return s != "" && len(s) <= 256 && !strings.ContainsRune(s, 0)
 }
