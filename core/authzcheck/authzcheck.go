@@ -1,0 +1,291 @@
+// Package authzcheck is the core's own ext_authz client, for running without Envoy
+// (AUTHZ_ADDR): a fiber middleware that asks the sidecar's
+// envoy.service.auth.v3.Authorization/Check about every request, with the CheckRequest
+// Envoy would send, and enforces the answer as Envoy would.
+//
+// Failure mode: like Envoy with `failure_mode_allow: true` (envoy/envoy.yaml), a Check
+// that fails — the sidecar unreachable, slower than the timeout, or answering a gRPC
+// error — lets the request through, unchecked. A sidecar outage then removes rate
+// limiting instead of taking the whole API down. The first failure after a success is
+// logged (a warning), the recovery too (with how many requests went through unchecked),
+// and Checker.FailedOpen counts them; failures in between are not logged one by one.
+package authzcheck
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"net"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	authv3 "github.com/envoyproxy/go-control-plane/envoy/service/auth/v3"
+	"github.com/gofiber/fiber/v2"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/keepalive"
+
+	"github.com/converger/edge/shared/apierror"
+)
+
+// DefaultTimeout bounds one Check, as envoy.yaml's ext_authz timeout does: a Check is an
+// in-memory lookup on loopback, and this bounds what a stuck sidecar adds to a request.
+const DefaultTimeout = 250 * time.Millisecond
+
+// Options configure a Checker.
+type Options struct {
+	// Addr is the sidecar's gRPC address (AUTHZ_ADDR), host:port.
+	Addr string
+	// Timeout bounds one Check (DefaultTimeout when zero).
+	Timeout time.Duration
+	// Logger receives the fail-open warnings (slog.Default() when nil).
+	Logger *slog.Logger
+}
+
+// Checker asks the sidecar over one shared gRPC connection.
+type Checker struct {
+	addr    string
+	conn    *grpc.ClientConn
+	client  authv3.AuthorizationClient
+	timeout time.Duration
+	log     *slog.Logger
+
+	failedOpen atomic.Uint64 // requests let through because the Check failed
+	failing    atomic.Bool   // the last Check failed
+	sinceFail  atomic.Uint64 // requests let through since the current failure began
+}
+
+// New returns a Checker for the sidecar at o.Addr. The connection is made lazily and
+// re-made after failures by gRPC; New fails only on an unusable address.
+func New(o Options) (*Checker, error) {
+	if _, _, err := net.SplitHostPort(o.Addr); err != nil {
+		return nil, fmt.Errorf("AUTHZ_ADDR=%q: must be host:port", o.Addr)
+	}
+	if o.Timeout <= 0 {
+		o.Timeout = DefaultTimeout
+	}
+	if o.Logger == nil {
+		o.Logger = slog.Default()
+	}
+	conn, err := grpc.NewClient(o.Addr,
+		grpc.WithTransportCredentials(insecure.NewCredentials()),
+		// As Envoy's sidecar_authz cluster: HTTP/2 keepalive pings every 30 s (the
+		// sidecar's server permits pings every 5 s).
+		grpc.WithKeepaliveParams(keepalive.ClientParameters{Time: 30 * time.Second, Timeout: 5 * time.Second}),
+	)
+	if err != nil {
+		return nil, fmt.Errorf("AUTHZ_ADDR=%q: %w", o.Addr, err)
+	}
+	return &Checker{addr: o.Addr, conn: conn, client: authv3.NewAuthorizationClient(conn), timeout: o.Timeout, log: o.Logger}, nil
+}
+
+// Close closes the connection.
+func (k *Checker) Close() error { return k.conn.Close() }
+
+// FailedOpen returns how many requests were let through unchecked because the Check
+// failed.
+func (k *Checker) FailedOpen() uint64 { return k.failedOpen.Load() }
+
+// Handler is the fiber middleware. It must run after the core's request-id middleware,
+// so that the Check carries the request's x-request-id (api.New runs Deps.Middleware
+// after it).
+func (k *Checker) Handler(c *fiber.Ctx) error {
+	ctx, cancel := context.WithTimeout(c.UserContext(), k.timeout)
+	resp, err := k.client.Check(ctx, Request(c))
+	cancel()
+	if err != nil {
+		k.failOpen(err)
+		return c.Next()
+	}
+	k.recovered()
+	if codes.Code(resp.GetStatus().GetCode()) == codes.OK {
+		return k.allowed(c, resp.GetOkResponse())
+	}
+	return deny(c, resp.GetDeniedResponse())
+}
+
+// failOpen counts a request let through after a failed Check, and logs the first of a
+// run of failures.
+func (k *Checker) failOpen(err error) {
+	k.failedOpen.Add(1)
+	k.sinceFail.Add(1)
+	if k.failing.CompareAndSwap(false, true) {
+		k.log.Warn("the sidecar's authorization check failed: requests are let through unchecked (fail open, as Envoy's failure_mode_allow) until it answers again",
+			"authz_addr", k.addr, "error", err)
+	}
+}
+
+// recovered logs the end of a run of failures.
+func (k *Checker) recovered() {
+	if k.failing.Load() && k.failing.CompareAndSwap(true, false) {
+		k.log.Info("the sidecar's authorization check is back: requests are checked again", "authz_addr", k.addr,
+			"let_through_unchecked", k.sinceFail.Swap(0))
+	}
+}
+
+// allowed applies an OK answer's header changes, as Envoy would (the sidecar sends
+// none), and runs the request.
+func (k *Checker) allowed(c *fiber.Ctx, ok *authv3.OkHttpResponse) error {
+	if ok == nil {
+		return c.Next()
+	}
+	for _, name := range ok.GetHeadersToRemove() {
+		c.Request().Header.Del(name)
+	}
+	for _, h := range ok.GetHeaders() {
+		applyHeader(&requestHeaders{c}, h)
+	}
+	err := c.Next()
+	for _, h := range ok.GetResponseHeadersToAdd() {
+		applyHeader(&responseHeaders{c}, h)
+	}
+	return err
+}
+
+// deny answers with the denial exactly as the sidecar sent it: status, headers, body.
+// A denial without a status is 403, as in Envoy; without a body it gets the forbidden
+// envelope, since every answer of the core is JSON.
+func deny(c *fiber.Ctx, d *authv3.DeniedHttpResponse) error {
+	status := int(d.GetStatus().GetCode())
+	if status < 400 || status > 599 {
+		status = fiber.StatusForbidden
+	}
+	body := d.GetBody()
+	if body == "" && len(d.GetHeaders()) == 0 {
+		c.Set(fiber.HeaderContentType, fiber.MIMEApplicationJSON)
+		body = string(apierror.Forbidden.Body(nil, string(c.Response().Header.Peek("x-request-id"))))
+	}
+	for _, h := range d.GetHeaders() {
+		applyHeader(&responseHeaders{c}, h)
+	}
+	return c.Status(status).SendString(body)
+}
+
+// headers are the request's or the response's headers.
+type headers interface {
+	get(name string) string
+	set(name, value string)
+	add(name, value string)
+}
+
+type requestHeaders struct{ c *fiber.Ctx }
+
+func (h *requestHeaders) get(n string) string { return string(h.c.Request().Header.Peek(n)) }
+func (h *requestHeaders) set(n, v string)     { h.c.Request().Header.Set(n, v) }
+func (h *requestHeaders) add(n, v string)     { h.c.Request().Header.Add(n, v) }
+
+type responseHeaders struct{ c *fiber.Ctx }
+
+func (h *responseHeaders) get(n string) string { return string(h.c.Response().Header.Peek(n)) }
+func (h *responseHeaders) set(n, v string)     { h.c.Response().Header.Set(n, v) }
+func (h *responseHeaders) add(n, v string)     { h.c.Response().Header.Add(n, v) }
+
+// applyHeader applies one header option with its append action (the deprecated append
+// flag wins when set, as in Envoy).
+func applyHeader(hs headers, o *corev3.HeaderValueOption) {
+	name, value := o.GetHeader().GetKey(), o.GetHeader().GetValue()
+	if value == "" {
+		value = string(o.GetHeader().GetRawValue())
+	}
+	if name == "" || strings.HasPrefix(name, ":") {
+		return
+	}
+	action := o.GetAppendAction()
+	//lint:ignore SA1019 Envoy still honours the deprecated append flag when it is set.
+	if a := o.GetAppend(); a != nil {
+		action = corev3.HeaderValueOption_OVERWRITE_IF_EXISTS_OR_ADD
+		if a.GetValue() {
+			action = corev3.HeaderValueOption_APPEND_IF_EXISTS_OR_ADD
+		}
+	}
+	switch action {
+	case corev3.HeaderValueOption_APPEND_IF_EXISTS_OR_ADD:
+		hs.add(name, value)
+	case corev3.HeaderValueOption_ADD_IF_ABSENT:
+		if hs.get(name) == "" {
+			hs.set(name, value)
+		}
+	case corev3.HeaderValueOption_OVERWRITE_IF_EXISTS:
+		if hs.get(name) != "" {
+			hs.set(name, value)
+		}
+	default: // OVERWRITE_IF_EXISTS_OR_ADD
+		hs.set(name, value)
+	}
+}
+
+// Request builds the CheckRequest Envoy would send for c: the peer as the source, the
+// local address as the destination, the method, the path with its query exactly as
+// received (the sidecar decodes and cleans it as the core's router does), host, scheme,
+// protocol, the body size, and every request header under its lower-case name, repeated
+// headers joined with ",". x-request-id is the core's: the one Envoy or the client sent
+// when it is sensible, else the one the core's request-id middleware made (the response
+// already carries it).
+func Request(c *fiber.Ctx) *authv3.CheckRequest {
+	rc := c.Context()
+	req := &c.Request().Header
+	hdrs := make(map[string]string, req.Len()+1)
+	req.VisitAll(func(k, v []byte) {
+		name := strings.ToLower(string(k))
+		if prev, ok := hdrs[name]; ok {
+			hdrs[name] = prev + "," + string(v)
+			return
+		}
+		hdrs[name] = string(v)
+	})
+	if id := c.Response().Header.Peek("x-request-id"); len(id) > 0 {
+		hdrs["x-request-id"] = string(id)
+	}
+	path := string(req.RequestURI())
+	if !strings.HasPrefix(path, "/") { // absolute-form request target: Envoy passes the path on
+		path = string(c.Request().URI().RequestURI())
+	}
+	scheme := "http"
+	if rc.IsTLS() {
+		scheme = "https"
+	}
+	size := int64(req.ContentLength())
+	if size < 0 {
+		size = -1 // unknown (chunked)
+	}
+	return &authv3.CheckRequest{Attributes: &authv3.AttributeContext{
+		Source:      &authv3.AttributeContext_Peer{Address: socketAddress(rc.RemoteAddr())},
+		Destination: &authv3.AttributeContext_Peer{Address: socketAddress(rc.LocalAddr())},
+		Request: &authv3.AttributeContext_Request{Http: &authv3.AttributeContext_HttpRequest{
+			Id:       hdrs["x-request-id"],
+			Method:   string(req.Method()),
+			Headers:  hdrs,
+			Path:     path,
+			Host:     string(req.Host()),
+			Scheme:   scheme,
+			Protocol: string(req.Protocol()),
+			Size:     size,
+		}},
+	}}
+}
+
+// socketAddress is a TCP address as Envoy reports it: IP and port.
+func socketAddress(a net.Addr) *corev3.Address {
+	var ip string
+	var port int
+	switch t := a.(type) {
+	case *net.TCPAddr:
+		ip, port = t.IP.String(), t.Port
+	case nil:
+		return nil
+	default:
+		host, p, err := net.SplitHostPort(a.String())
+		if err != nil {
+			ip = a.String()
+		} else {
+			ip = host
+			_, _ = fmt.Sscanf(p, "%d", &port)
+		}
+	}
+	return &corev3.Address{Address: &corev3.Address_SocketAddress{SocketAddress: &corev3.SocketAddress{
+		Address: ip, PortSpecifier: &corev3.SocketAddress_PortValue{PortValue: uint32(port)},
+	}}}
+}
