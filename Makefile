@@ -5,7 +5,7 @@ GOBIN := $(shell $(GO) env GOPATH)/bin
 STATICCHECK_VERSION := v0.8.2
 BENCHSTAT_VERSION := v0.0.0-20260908200009-22c9c6c9d4da
 
-.PHONY: all build run test lint vet fmt-check unit bench bench-go bench-authz bench-cluster proto clean
+.PHONY: all build run test lint vet fmt-check unit bench bench-go bench-authz bench-core bench-cluster proto clean
 
 all: build
 
@@ -15,8 +15,9 @@ build:
 	$(GO) build -o bin/bench ./bench/cmd/bench
 	$(GO) build -o bin/devstack ./deploy/cmd/devstack
 
-# A throwaway PostgreSQL under ./.data (unless DATABASE_URL is set), migrations, dev
-# token keys, and the sidecar in the foreground. Ctrl-C stops everything.
+# A throwaway PostgreSQL under ./.data (unless DATABASE_URL is set), migrations, dev keys,
+# a demo tenant and echo channel, the sidecar (:8081/:8082) and the core (:8080, with
+# AUTHZ_ADDR) in the foreground. Ctrl-C stops everything.
 run: build
 	./bin/devstack
 
@@ -39,9 +40,10 @@ unit:
 	$(GO) test -race -count=1 -timeout 10m ./...
 
 # Benchmarks: the limiter hot path (Go benchmarks, compare runs with benchstat), the
-# authorization load test against a no-op server in the same run, and the cluster's
-# overshoot and traffic against the sync interval (about 12 minutes).
-bench: bench-go bench-authz bench-cluster
+# authorization load test against a no-op server in the same run, the core's activity
+# POSTs against pgx inserting the same rows directly, and the cluster's overshoot and
+# traffic against the sync interval (about 12 minutes).
+bench: bench-go bench-authz bench-core bench-cluster
 
 bench-go:
 	$(GO) test -run '^$$' -bench . -benchmem -count 6 ./sidecar/limiter/ | tee bench/results/limiter.txt
@@ -50,6 +52,9 @@ bench-go:
 
 bench-authz: build
 	./bin/bench authz
+
+bench-core: build
+	./bin/bench core
 
 bench-cluster: build
 	./bin/bench cluster

@@ -1,26 +1,51 @@
 // Command devstack is what `make run` starts: a throwaway PostgreSQL under ./.data
-// (unless DATABASE_URL is set), the migrations, development token keys, and the sidecar
-// in the foreground. Ctrl-C stops everything.
+// (unless DATABASE_URL is set), the migrations, development keys under ./.data, a demo
+// tenant and echo channel on first start, then the sidecar and the core (with
+// AUTHZ_ADDR, so that the core asks the sidecar about every request as Envoy would) as
+// child processes. Ctrl-C stops everything; if a child dies, the rest is stopped and
+// devstack exits non-zero.
 package main
 
 import (
+	"bufio"
 	"context"
 	"errors"
 	"fmt"
+	"io"
+	"net/http"
 	"os"
 	"os/exec"
 	"os/signal"
 	"path/filepath"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/converger/edge/core/activity"
+	"github.com/converger/edge/core/credentials"
 	"github.com/converger/edge/core/migrations"
+	"github.com/converger/edge/core/store"
 	"github.com/converger/edge/shared/pgserver"
 	"github.com/converger/edge/shared/token"
 )
 
 const dataDir = ".data"
+
+// The files devstack keeps under ./.data.
+const (
+	signingKeyFile    = "token_signing_key"
+	encryptionKeyFile = "encryption_key"
+	credentialsFile   = "demo-credentials"
+)
+
+// The demo tenant and channel created on first start.
+const (
+	demoTenant  = "demo"
+	demoChannel = "demo-echo"
+)
 
 func main() {
 	if err := run(); err != nil {
@@ -39,6 +64,21 @@ func run() error {
 	if err != nil {
 		return err
 	}
+	bin, err := os.Executable()
+	if err != nil {
+		return err
+	}
+	binDir := filepath.Dir(bin)
+	for _, b := range []string{"core", "sidecar"} {
+		if _, err := os.Stat(filepath.Join(binDir, b)); err != nil {
+			return fmt.Errorf("%s is missing next to devstack: run `make build` (or `make run`, which builds first)", filepath.Join(binDir, b))
+		}
+	}
+
+	coreAddr := envOr("CORE_ADDR", "127.0.0.1:8080")
+	grpcAddr := envOr("SIDECAR_GRPC_ADDR", "127.0.0.1:8081")
+	httpAddr := envOr("SIDECAR_HTTP_ADDR", "127.0.0.1:8082")
+	publicURL := strings.TrimRight(envOr("PUBLIC_URL", "http://"+coreAddr), "/")
 
 	dbURL := os.Getenv("DATABASE_URL")
 	if dbURL == "" {
@@ -47,104 +87,422 @@ func run() error {
 		if err != nil {
 			return err
 		}
-		defer pg.Stop()
+		defer func() {
+			if err := pg.Stop(); err != nil {
+				fmt.Fprintf(os.Stderr, "devstack: stopping PostgreSQL: %v\n", err)
+			}
+		}()
 		dbURL = pg.URL()
 	}
 	if err := migrations.Up(ctx, dbURL); err != nil {
 		return err
 	}
 
-	signer, err := signingKey(filepath.Join(dir, "token_signing_key"))
+	signingKey, err := readOrCreateKey(filepath.Join(dir, signingKeyFile), token.GenerateKey)
 	if err != nil {
 		return err
 	}
-	demo, err := signer.Issue(token.Claims{
-		TenantID:  "00000000-0000-4000-8000-000000000001",
-		ChannelID: "00000000-0000-4000-8000-000000000002",
-		Src:       token.SrcSecret,
-	}, time.Now())
+	signer, err := token.ParseSigningKey(signingKey)
+	if err != nil {
+		return fmt.Errorf("%s: %w", filepath.Join(dir, signingKeyFile), err)
+	}
+	encKey, err := readOrCreateKey(filepath.Join(dir, encryptionKeyFile), func() (string, error) {
+		return credentials.GenerateEncryptionKey(), nil
+	})
+	if err != nil {
+		return err
+	}
+	sealer, err := credentials.ParseEncryptionKey(encKey)
+	if err != nil {
+		return fmt.Errorf("%s: %w", filepath.Join(dir, encryptionKeyFile), err)
+	}
+	demo, note, err := demoCredentials(ctx, dbURL, sealer, filepath.Join(dir, credentialsFile))
 	if err != nil {
 		return err
 	}
 
-	bin, err := os.Executable()
-	if err != nil {
-		return err
-	}
-	sidecar := exec.Command(filepath.Join(filepath.Dir(bin), "sidecar"))
-	sidecar.Env = append(os.Environ(),
+	// The sidecar first: the core asks it about every request.
+	sidecar, err := start("sidecar", filepath.Join(binDir, "sidecar"), nil,
+		"SIDECAR_GRPC_ADDR="+grpcAddr,
+		"SIDECAR_HTTP_ADDR="+httpAddr,
 		"DATABASE_URL="+dbURL,
 		"TOKEN_VERIFY_KEYS="+signer.PublicKey(),
 		"LOG_FORMAT="+envOr("LOG_FORMAT", "text"),
 	)
-	sidecar.Stdout, sidecar.Stderr = os.Stdout, os.Stderr
-	if err := sidecar.Start(); err != nil {
-		return fmt.Errorf("starting the sidecar: %w", err)
+	if err != nil {
+		return err
 	}
-	done := make(chan error, 1)
-	go func() { done <- sidecar.Wait() }()
+	children := []*child{sidecar}
+	defer func() { stopAll(children) }()
+	if err := waitReady(ctx, sidecar, "http://"+httpAddr+"/readyz", true); err != nil {
+		return err
+	}
+	core, err := start("core", filepath.Join(binDir, "core"), []string{"serve"}, []string{
+		"CORE_ADDR=" + coreAddr,
+		"PUBLIC_URL=" + publicURL,
+		"DATABASE_URL=" + dbURL,
+		"TOKEN_SIGNING_KEY=" + signingKey,
+		"ENCRYPTION_KEY=" + encKey,
+		"AUTHZ_ADDR=" + grpcAddr,
+		"LIMITER_ADDR=" + grpcAddr,
+		"LOG_FORMAT=" + envOr("LOG_FORMAT", "text"),
+	}...)
+	if err != nil {
+		return err
+	}
+	children = []*child{core, sidecar} // stopped in this order
+	// Any HTTP answer (the JSON 404 of /) means the core listens.
+	if err := waitReady(ctx, core, "http://"+coreAddr+"/", false); err != nil {
+		return err
+	}
 
-	grpcAddr := envOr("SIDECAR_GRPC_ADDR", "127.0.0.1:8081")
-	httpAddr := envOr("SIDECAR_HTTP_ADDR", "127.0.0.1:8082")
-	fmt.Printf(howTo, dbURL, grpcAddr, demo, grpcAddr, grpcAddr, httpAddr)
+	printHowTo(os.Stdout, howTo{DatabaseURL: redact(dbURL), Base: publicURL, GRPCAddr: grpcAddr,
+		HTTPAddr: httpAddr, Demo: demo, Note: note, CredentialsFile: filepath.Join(dataDir, credentialsFile)})
 
 	select {
-	case err := <-done:
-		return fmt.Errorf("the sidecar stopped: %v", err)
 	case <-ctx.Done():
-		_ = sidecar.Process.Signal(syscall.SIGTERM)
-		select {
-		case <-done:
-		case <-time.After(10 * time.Second):
-			_ = sidecar.Process.Kill()
-			<-done
-		}
+		stopAll(children)
 		fmt.Println("stopped")
 		return nil
+	case c := <-exited(children):
+		return fmt.Errorf("the %s stopped (%v); stopping the rest", c.name, c.err)
 	}
 }
 
-// signingKey reads the development signing key, creating it on first start.
-func signingKey(path string) (*token.Signer, error) {
+// readOrCreateKey reads a key file, creating it (0600) with gen on first start.
+func readOrCreateKey(path string, gen func() (string, error)) (string, error) {
 	b, err := os.ReadFile(path)
 	if errors.Is(err, os.ErrNotExist) {
-		k, err := token.GenerateKey()
+		k, err := gen()
 		if err != nil {
-			return nil, err
+			return "", err
 		}
 		if err := os.WriteFile(path, []byte(k+"\n"), 0o600); err != nil {
-			return nil, err
+			return "", err
 		}
-		b = []byte(k)
-	} else if err != nil {
-		return nil, err
+		return k, nil
 	}
-	return token.ParseSigningKey(strings.TrimSpace(string(b)))
+	if err != nil {
+		return "", err
+	}
+	return strings.TrimSpace(string(b)), nil
+}
+
+// Demo holds the demo tenant's and channel's development credentials, as saved in
+// ./.data/demo-credentials (shell variable assignments, so `. ./.data/demo-credentials`
+// loads them).
+type Demo struct {
+	TenantID, APIKey, ChannelID, ChannelSecret, PublishableKey string
+}
+
+// vars are the variable names of the credentials file.
+func (d *Demo) vars() []struct {
+	name string
+	val  *string
+} {
+	return []struct {
+		name string
+		val  *string
+	}{
+		{"DEMO_TENANT_ID", &d.TenantID},
+		{"DEMO_API_KEY", &d.APIKey},
+		{"DEMO_CHANNEL_ID", &d.ChannelID},
+		{"DEMO_CHANNEL_SECRET", &d.ChannelSecret},
+		{"DEMO_PUBLISHABLE_KEY", &d.PublishableKey},
+	}
+}
+
+const credentialsHeader = `# Development credentials of the demo tenant "` + demoTenant + `" and its echo channel "` + demoChannel + `",
+# created by ` + "`make run`" + ` on first start. Load them into a shell with:  . ./.data/demo-credentials
+`
+
+// Marshal renders the credentials file.
+func (d Demo) Marshal() []byte {
+	var b strings.Builder
+	b.WriteString(credentialsHeader)
+	for _, v := range d.vars() {
+		fmt.Fprintf(&b, "%s=%s\n", v.name, *v.val)
+	}
+	return []byte(b.String())
+}
+
+// ParseDemo reads a credentials file; every variable must be there.
+func ParseDemo(b []byte) (Demo, error) {
+	var d Demo
+	got := map[string]string{}
+	sc := bufio.NewScanner(strings.NewReader(string(b)))
+	for sc.Scan() {
+		line := strings.TrimSpace(sc.Text())
+		if line == "" || strings.HasPrefix(line, "#") {
+			continue
+		}
+		k, v, ok := strings.Cut(line, "=")
+		if !ok {
+			return Demo{}, fmt.Errorf("not a NAME=value line: %q", line)
+		}
+		got[k] = v
+	}
+	for _, v := range d.vars() {
+		if got[v.name] == "" {
+			return Demo{}, fmt.Errorf("%s is missing", v.name)
+		}
+		*v.val = got[v.name]
+	}
+	return d, nil
+}
+
+// demoCredentials creates the demo tenant and echo channel through the core's store
+// when the database has no tenant yet, and saves their credentials (0600); on later
+// starts it reads them back and checks that they still work. note explains a missing
+// demo (a database with other tenants, or credentials that no longer work).
+func demoCredentials(ctx context.Context, dbURL string, sealer *credentials.Sealer, path string) (d *Demo, note string, err error) {
+	pool, err := pgxpool.New(ctx, dbURL)
+	if err != nil {
+		return nil, "", err
+	}
+	defer pool.Close()
+	st := store.New(pool, sealer, activity.DefaultLimits)
+	var tenants int
+	if err := pool.QueryRow(ctx, `SELECT count(*) FROM tenants`).Scan(&tenants); err != nil {
+		return nil, "", err
+	}
+	if tenants == 0 {
+		t, key, err := st.CreateTenant(ctx, demoTenant)
+		if err != nil {
+			return nil, "", fmt.Errorf("creating the demo tenant: %w", err)
+		}
+		ch, sec, err := st.CreateChannel(ctx, t.ID, demoChannel, "echo")
+		if err != nil {
+			return nil, "", fmt.Errorf("creating the demo channel: %w", err)
+		}
+		d := &Demo{TenantID: t.ID, APIKey: key, ChannelID: ch.ID, ChannelSecret: sec.Secret, PublishableKey: sec.Publishable}
+		if err := os.WriteFile(path, d.Marshal(), 0o600); err != nil {
+			return nil, "", err
+		}
+		fmt.Printf("created the demo tenant %q and its echo channel %q; their credentials are in %s\n", demoTenant, demoChannel, path)
+		return d, "", nil
+	}
+	b, err := os.ReadFile(path)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, fmt.Sprintf("The database already has tenants, so no demo tenant was created and %s does not exist.\n"+
+			"Create one with: bin/core tenants create --name demo && bin/core channels create --tenant demo --name demo-echo --type echo", path), nil
+	}
+	if err != nil {
+		return nil, "", err
+	}
+	demo, err := ParseDemo(b)
+	if err != nil {
+		return nil, "", fmt.Errorf("%s: %w (delete it, and the database under .data, to start afresh)", path, err)
+	}
+	if _, err := st.TenantByAPIKey(ctx, demo.APIKey); err != nil {
+		return nil, fmt.Sprintf("The credentials in %s do not work with this database (another DATABASE_URL, or the key was rotated).", path), nil
+	}
+	return &demo, "", nil
+}
+
+// child is a running child process.
+type child struct {
+	name string
+	cmd  *exec.Cmd
+	done chan struct{} // closed when it has exited; err is set before
+	err  error
+}
+
+// start runs a binary with this environment plus env, in its own process group (a
+// Ctrl-C on the terminal reaches devstack only, which stops the children in order),
+// killed by the kernel if devstack dies. Its output goes to ours, each line prefixed.
+func start(name, path string, args []string, env ...string) (*child, error) {
+	cmd := exec.Command(path, args...)
+	cmd.Env = append(os.Environ(), env...)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
+	out := &prefixWriter{prefix: fmt.Sprintf("%-7s | ", name), w: os.Stdout}
+	cmd.Stdout, cmd.Stderr = out, out
+	cmd.WaitDelay = 2 * time.Second
+	if err := cmd.Start(); err != nil {
+		return nil, fmt.Errorf("starting the %s: %w", name, err)
+	}
+	c := &child{name: name, cmd: cmd, done: make(chan struct{})}
+	go func() {
+		c.err = cmd.Wait()
+		out.flush()
+		close(c.done)
+	}()
+	return c, nil
+}
+
+// stop asks the child to stop (SIGTERM) and kills it after 10 seconds.
+func (c *child) stop() {
+	select {
+	case <-c.done:
+		return
+	default:
+	}
+	_ = c.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-c.done:
+	case <-time.After(10 * time.Second):
+		_ = c.cmd.Process.Kill()
+		<-c.done
+	}
+}
+
+// stopAll stops the children one after the other.
+func stopAll(cs []*child) {
+	for _, c := range cs {
+		c.stop()
+	}
+}
+
+// exited reports the first child to exit.
+func exited(cs []*child) <-chan *child {
+	ch := make(chan *child, len(cs))
+	for _, c := range cs {
+		go func() {
+			<-c.done
+			ch <- c
+		}()
+	}
+	return ch
+}
+
+// waitReady polls url until it answers (200 when want200), the child exits, ctx ends,
+// or 30 seconds pass.
+func waitReady(ctx context.Context, c *child, url string, want200 bool) error {
+	client := &http.Client{Timeout: time.Second}
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		var lastErr error
+		resp, err := client.Get(url)
+		if err == nil {
+			_, _ = io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+			if !want200 || resp.StatusCode == http.StatusOK {
+				return nil
+			}
+			lastErr = fmt.Errorf("status %s", resp.Status)
+		} else {
+			lastErr = err
+		}
+		select {
+		case <-c.done:
+			return fmt.Errorf("the %s exited while starting (%v)", c.name, c.err)
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(100 * time.Millisecond):
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("the %s is not ready after 30s: %s: %v", c.name, url, lastErr)
+		}
+	}
+}
+
+// prefixWriter writes a child's output line by line with a prefix.
+type prefixWriter struct {
+	prefix string
+	w      io.Writer
+	mu     sync.Mutex
+	buf    []byte
+}
+
+func (p *prefixWriter) Write(b []byte) (int, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.buf = append(p.buf, b...)
+	for {
+		i := strings.IndexByte(string(p.buf), '\n')
+		if i < 0 {
+			break
+		}
+		fmt.Fprintf(p.w, "%s%s\n", p.prefix, p.buf[:i])
+		p.buf = p.buf[i+1:]
+	}
+	return len(b), nil
+}
+
+func (p *prefixWriter) flush() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if len(p.buf) > 0 {
+		fmt.Fprintf(p.w, "%s%s\n", p.prefix, p.buf)
+		p.buf = nil
+	}
 }
 
 func envOr(name, def string) string {
-	if v := os.Getenv(name); v != "" {
+	if v := strings.TrimSpace(os.Getenv(name)); v != "" {
 		return v
 	}
 	return def
 }
 
-const howTo = `
-PostgreSQL: %s
-Send checks with grpcurl (go install github.com/fullstorydev/grpcurl/cmd/grpcurl@v1.9.4):
+// redact hides a database URL's password (URL or keyword/value form).
+func redact(dbURL string) string {
+	if i := strings.Index(dbURL, "password="); i >= 0 && !strings.Contains(dbURL, "://") {
+		end := strings.IndexByte(dbURL[i:], ' ')
+		if end < 0 {
+			end = len(dbURL) - i
+		}
+		return dbURL[:i] + "password=***" + dbURL[i+end:]
+	}
+	if i := strings.Index(dbURL, "://"); i >= 0 {
+		rest := dbURL[i+3:]
+		if at := strings.LastIndexByte(rest, '@'); at >= 0 {
+			if user, _, ok := strings.Cut(rest[:at], ":"); ok {
+				return dbURL[:i+3] + user + ":***" + rest[at:]
+			}
+		}
+	}
+	return dbURL
+}
 
-  # the legacy token endpoint allows 10 per minute per client IP; the 11th answers 429
-  grpcurl -plaintext -d '{"attributes":{"source":{"address":{"socketAddress":{"address":"203.0.113.7"}}},"request":{"http":{"method":"POST","path":"/api/v1/tokens"}}}}' \
-    %s envoy.service.auth.v3.Authorization/Check
+// howTo is what devstack prints once everything answers.
+type howTo struct {
+	DatabaseURL, Base, GRPCAddr, HTTPAddr string
+	Demo                                  *Demo
+	Note                                  string
+	CredentialsFile                       string
+}
 
-  # a client-API activity, counted for the tenant of this development token
-  grpcurl -plaintext -d '{"attributes":{"request":{"http":{"method":"POST","path":"/api/v1/converger/conversations/c1/activities","headers":{"authorization":"Bearer %s"}}}}}' \
-    %s envoy.service.auth.v3.Authorization/Check
+func printHowTo(w io.Writer, h howTo) {
+	fmt.Fprintf(w, `
+Converger dev stack is up.
+  core        %s  (every request is checked by the sidecar: AUTHZ_ADDR=%s)
+  sidecar     %s (gRPC)   http://%s/metrics
+  PostgreSQL  %s
+`, h.Base, h.GRPCAddr, h.GRPCAddr, h.HTTPAddr, h.DatabaseURL)
+	if h.Demo == nil {
+		fmt.Fprintf(w, "\n%s\n\nCtrl-C stops everything.\n\n", h.Note)
+		return
+	}
+	d := h.Demo
+	fmt.Fprintf(w, `
+Demo tenant %q (%s) and echo channel %q (%s); development credentials, also in %s:
+  API key (x-api-key, tenant API)          %s
+  channel secret (tokens/generate)         %s
+  publishable key (tokens/publishable)     %s
 
-  # the Limiter service, as the core uses it for the login lockout
-  grpcurl -plaintext -d '{"bucket":"login_ip","key":"203.0.113.7"}' %s converger.limiter.v1.Limiter/Peek
+Try it from another terminal, in this directory (README.md, "Core", walks through it):
 
-  curl -s http://%s/metrics | grep converger_
+  . ./%s
+  B=%s
+  # 1. a Converger token from the channel secret
+  TOKEN=$(curl -s -X POST $B/api/v1/converger/tokens/generate -H "Authorization: Bearer $DEMO_CHANNEL_SECRET" \
+    -H 'content-type: application/json' -d '{"user":{"id":"alice"}}' | sed -E 's/.*"token":"([^"]+)".*/\1/')
+  # 2. a conversation; its answer carries a token bound to it
+  R=$(curl -s -X POST $B/api/v1/converger/conversations -H "Authorization: Bearer $TOKEN"); echo "$R"
+  CONV=$(echo "$R" | sed -E 's/.*"conversationId":"([^"]+)".*/\1/'); TOKEN=$(echo "$R" | sed -E 's/.*"token":"([^"]+)".*/\1/')
+  # 3. a message
+  curl -s -X POST $B/api/v1/converger/conversations/$CONV/activities -H "Authorization: Bearer $TOKEN" \
+    -H 'content-type: application/json' -d '{"type":"message","from":{"id":"alice"},"text":"hello"}'; echo
+  # 4. the conversation: your message and the echo channel's reply
+  curl -s $B/api/v1/converger/conversations/$CONV/activities -H "Authorization: Bearer $TOKEN"; echo
+  # 5. a 429 from the sidecar: the legacy token endpoint takes 10 per minute per client IP
+  for i in $(seq 11); do curl -s -o /dev/null -w '%%{http_code} ' -X POST $B/api/v1/tokens -H "x-api-key: $DEMO_API_KEY" \
+    -H 'content-type: application/json' -d "{\"conversation_id\":\"$CONV\",\"user_id\":\"alice\"}"; done; echo
+  curl -si -X POST $B/api/v1/tokens -H "x-api-key: $DEMO_API_KEY" -H 'content-type: application/json' \
+    -d "{\"conversation_id\":\"$CONV\",\"user_id\":\"alice\"}"; echo
 
-Ctrl-C stops the sidecar and PostgreSQL.
-`
+Ctrl-C stops everything.
+
+`, demoTenant, d.TenantID, demoChannel, d.ChannelID, h.CredentialsFile, d.APIKey, d.ChannelSecret, d.PublishableKey, h.CredentialsFile, h.Base)
+}
