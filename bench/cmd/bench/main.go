@@ -15,6 +15,7 @@ import (
 
 	"github.com/converger/edge/bench/authzload"
 	"github.com/converger/edge/bench/clusterload"
+	"github.com/converger/edge/bench/coreload"
 	"github.com/converger/edge/bench/noopauthz"
 )
 
@@ -28,6 +29,7 @@ type command struct {
 var commands = []command{
 	{"authz", "load-test the sidecar's ext_authz Check against a no-op server (throughput, p50, p99, ratios)", runAuthz},
 	{"cluster", "sidecar clusters: allowed per window against the limit, and sync traffic, by cluster size, sync interval and share mode", runCluster},
+	{"core", "activity POSTs through the core against pgx inserting the same rows directly (throughput, p50, p99, ratios)", runCore},
 	{"noop-authz", "serve an Authorization/Check that allows everything (started by authz)", runNoopAuthz},
 }
 
@@ -125,6 +127,29 @@ func runCluster(ctx context.Context, name string, args []string) int {
 		return 1
 	}
 	if cfg.Strict && !(rep.AimPass && rep.SinglePass) {
+		return 1
+	}
+	return 0
+}
+
+func runCore(ctx context.Context, name string, args []string) int {
+	cfg := coreload.DefaultConfig()
+	fs := flag.NewFlagSet("bench "+name, flag.ContinueOnError)
+	cfg.RegisterFlags(fs)
+	if code, done := parse(fs, args); done {
+		return code
+	}
+	cfg.Args = args
+	if err := cfg.Validate(); err != nil {
+		fmt.Fprintf(os.Stderr, "bench %s: %v\n", name, err)
+		return 2
+	}
+	rep, err := coreload.Run(ctx, cfg, os.Stdout, os.Stderr)
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "bench %s: %v\n", name, err)
+		return 1
+	}
+	if cfg.Strict && !rep.Pass {
 		return 1
 	}
 	return 0

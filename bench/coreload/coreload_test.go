@@ -1,0 +1,145 @@
+package coreload
+
+import (
+	"strings"
+	"testing"
+	"time"
+)
+
+func phase(round int, scenario, target string, rps float64, p99 time.Duration, errors int) PhaseResult {
+	return PhaseResult{Round: round, Scenario: scenario, Target: target, RPS: rps, Requests: int(rps), P50: p99 / 2, P99: p99, Errors: errors}
+}
+
+func TestSummarize(t *testing.T) {
+	r := &Report{Config: DefaultConfig()}
+	r.Config.Rounds = 3
+	r.Phases = []PhaseResult{
+		phase(1, ScenarioMany, TargetCore, 3000, 10*time.Millisecond, 0),
+		phase(1, ScenarioMany, TargetBaseline, 6000, 5*time.Millisecond, 0),
+		phase(1, ScenarioHot, TargetCore, 1000, 20*time.Millisecond, 0),
+		phase(1, ScenarioHot, TargetBaseline, 4000, 8*time.Millisecond, 0),
+		phase(2, ScenarioMany, TargetBaseline, 5000, 6*time.Millisecond, 0),
+		phase(2, ScenarioMany, TargetCore, 3500, 12*time.Millisecond, 0),
+		phase(2, ScenarioHot, TargetBaseline, 4000, 8*time.Millisecond, 0),
+		phase(2, ScenarioHot, TargetCore, 2000, 20*time.Millisecond, 0),
+		phase(3, ScenarioMany, TargetCore, 2000, 11*time.Millisecond, 0),
+		phase(3, ScenarioMany, TargetBaseline, 8000, 4*time.Millisecond, 0),
+		phase(3, ScenarioHot, TargetCore, 1500, 20*time.Millisecond, 0),
+		phase(3, ScenarioHot, TargetBaseline, 3000, 8*time.Millisecond, 0),
+	}
+	r.summarize()
+	c, b := r.summary(ScenarioMany, TargetCore), r.summary(ScenarioMany, TargetBaseline)
+	if c.RPS != 3000 || b.RPS != 6000 || c.P99 != 11*time.Millisecond || b.P99 != 5*time.Millisecond || c.Requests != 8500 {
+		t.Fatalf("many: core %+v, baseline %+v", c, b)
+	}
+	many, hot := r.ratio(ScenarioMany), r.ratio(ScenarioHot)
+	if many.Throughput != 0.5 || many.P99 != 2.2 {
+		t.Fatalf("many ratios %+v", many)
+	}
+	// Per-round ratios: 0.5, 0.7, 0.25 → median 0.5.
+	if many.PairedThr != 0.5 {
+		t.Fatalf("paired %v, want 0.5", many.PairedThr)
+	}
+	if hot.Throughput != 1500.0/4000 {
+		t.Fatalf("hot ratio %v", hot.Throughput)
+	}
+	if !r.Pass {
+		t.Fatal("exactly the aim must pass")
+	}
+
+	// Just under the aim fails; so does any failed request.
+	r.Phases[0].RPS, r.Phases[5].RPS, r.Phases[8].RPS = 2999, 2999, 2999
+	r.summarize()
+	if r.Pass {
+		t.Fatalf("%.4f of the baseline must fail", r.ratio(ScenarioMany).Throughput)
+	}
+	r.Phases[0].RPS, r.Phases[5].RPS, r.Phases[8].RPS = 5000, 5000, 5000
+	r.Phases[3].Errors = 1
+	r.summarize()
+	if r.Pass || r.Errors() != 1 {
+		t.Fatalf("a failed request must fail the run (pass %v, errors %d)", r.Pass, r.Errors())
+	}
+	r.Phases[3].Errors = 0
+	r.WarmupErrors = 2
+	r.summarize()
+	if r.Pass || r.Errors() != 2 {
+		t.Fatal("warm-up errors must fail the run")
+	}
+}
+
+func TestReportText(t *testing.T) {
+	r := &Report{Config: DefaultConfig(), Started: time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC)}
+	r.Config.Rounds = 1
+	r.Config.Args = []string{"-rounds", "1", "-out", "my report.md"}
+	r.Phases = []PhaseResult{
+		phase(1, ScenarioMany, TargetCore, 2000, 10*time.Millisecond, 0),
+		phase(1, ScenarioMany, TargetBaseline, 5000, 5*time.Millisecond, 0),
+		phase(1, ScenarioHot, TargetCore, 1000, 20*time.Millisecond, 3),
+		phase(1, ScenarioHot, TargetBaseline, 2000, 8*time.Millisecond, 0),
+	}
+	r.Phases[2].FirstErr = "status 500"
+	r.summarize()
+	md := r.Markdown()
+	for _, want := range []string{
+		"**Result: FAIL** (over many conversations the core reaches 0.400 of the baseline's throughput, aim ≥ 0.50; 3 failed requests)",
+		"| many conversations | 0.400 | 0.400 | 2.00 | ≥ 0.50 | FAIL |",
+		"| one hot conversation | 0.500 |",
+		"First error of round 1, hot, core: `status 500`",
+		"./bin/bench core -rounds 1 -out 'my report.md'",
+	} {
+		if !strings.Contains(md, want) {
+			t.Errorf("markdown lacks %q:\n%s", want, md)
+		}
+	}
+	var b strings.Builder
+	r.WriteText(&b)
+	if !strings.Contains(b.String(), "throughput core/baseline 0.400 (aim ≥ 0.50)  FAIL") || !strings.Contains(b.String(), "result: FAIL") {
+		t.Errorf("text:\n%s", b.String())
+	}
+}
+
+func TestPicker(t *testing.T) {
+	p := &picker{convs: []string{"a", "b", "c"}}
+	var got []string
+	for range 7 {
+		got = append(got, p.pick())
+	}
+	if strings.Join(got, "") != "abcabca" {
+		t.Fatalf("round robin: %v", got)
+	}
+}
+
+func TestCPUSplit(t *testing.T) {
+	before := cpuSample{target: time.Second, self: time.Second, machine: 10 * time.Second, ok: true}
+	after := cpuSample{target: 3 * time.Second, self: 2 * time.Second, machine: 16 * time.Second, ok: true}
+	tg, gen, rest := after.perRequest(before, 1000)
+	if tg != 2*time.Millisecond || gen != time.Millisecond || rest != 3*time.Millisecond {
+		t.Fatalf("split %v %v %v", tg, gen, rest)
+	}
+	if tg, _, _ := after.perRequest(cpuSample{}, 1000); tg != 0 {
+		t.Fatal("an unknown sample must give zero")
+	}
+	if tg, _, _ := after.perRequest(before, 0); tg != 0 {
+		t.Fatal("no requests must give zero")
+	}
+}
+
+func TestValidate(t *testing.T) {
+	if err := DefaultConfig().Validate(); err != nil {
+		t.Fatal(err)
+	}
+	c := DefaultConfig()
+	c.Conversations, c.Concurrency, c.Duration, c.Rounds, c.TextBytes, c.Core = 0, 0, time.Millisecond, 0, 0, ""
+	err := c.Validate()
+	for _, want := range []string{"-conversations", "-concurrency", "-duration", "-rounds", "-text-bytes", "-core"} {
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("Validate: %v, want a word on %s", err, want)
+		}
+	}
+}
+
+func TestFindBinary(t *testing.T) {
+	if _, err := FindBinary(t.TempDir(), "bin/core"); err == nil || !strings.Contains(err.Error(), "go build -o bin/core") {
+		t.Fatalf("err = %v", err)
+	}
+}

@@ -1,0 +1,236 @@
+package coreload
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/converger/edge/bench/authzload"
+	"github.com/converger/edge/bench/cputime"
+)
+
+// Target names.
+const (
+	TargetCore     = "core"
+	TargetBaseline = "baseline"
+)
+
+// Scenario names.
+const (
+	ScenarioMany = "many"
+	ScenarioHot  = "hot"
+)
+
+// target creates one activity in a conversation.
+type target interface {
+	name() string
+	create(ctx context.Context, conversationID string) error
+	// pid is the process whose CPU the target costs besides the generator and
+	// PostgreSQL (the core), 0 for none.
+	pid() int
+}
+
+// coreTarget posts activities to the core's tenant API.
+type coreTarget struct {
+	base, apiKey string
+	body         []byte
+	client       *http.Client
+	proc         int
+}
+
+func newCoreTarget(base, apiKey string, body []byte, concurrency, pid int) *coreTarget {
+	tr := &http.Transport{
+		MaxIdleConns:        concurrency,
+		MaxIdleConnsPerHost: concurrency,
+		MaxConnsPerHost:     concurrency,
+		IdleConnTimeout:     time.Minute,
+		DisableCompression:  true,
+	}
+	return &coreTarget{base: base, apiKey: apiKey, body: body, client: &http.Client{Transport: tr, Timeout: 30 * time.Second}, proc: pid}
+}
+
+func (t *coreTarget) name() string { return TargetCore }
+func (t *coreTarget) pid() int     { return t.proc }
+
+func (t *coreTarget) create(ctx context.Context, conv string) error {
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, t.base+"/api/v1/conversations/"+conv+"/activities", bytes.NewReader(t.body))
+	if err != nil {
+		return err
+	}
+	req.Header.Set("content-type", "application/json")
+	req.Header.Set("x-api-key", t.apiKey)
+	resp, err := t.client.Do(req)
+	if err != nil {
+		return err
+	}
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusCreated {
+		return fmt.Errorf("status %d: %.200s", resp.StatusCode, b)
+	}
+	return nil
+}
+
+func (t *coreTarget) close() { t.client.CloseIdleConnections() }
+
+// baselineTarget inserts the same row itself: the seq update and the insert in one
+// transaction, through pgx.
+type baselineTarget struct {
+	pool     *pgxpool.Pool
+	tenantID string
+	text     string
+}
+
+func (t *baselineTarget) name() string { return TargetBaseline }
+func (t *baselineTarget) pid() int     { return 0 }
+
+// The baseline's statements: the seq is taken under the conversation's row lock, as the
+// core does, and the row is the core's (type, sender, text, attachments, metadata).
+const (
+	baselineUpdate = `UPDATE conversations SET last_seq = last_seq + 1, updated_at = now()
+		WHERE id = $1 AND tenant_id = $2 AND status = 'active' RETURNING last_seq`
+	baselineInsert = `INSERT INTO activities (tenant_id, conversation_id, seq, type, sender, text, attachments, metadata)
+		VALUES ($1, $2, $3, 'message', 'user', $4, '[]', '{}') RETURNING id::text`
+)
+
+func (t *baselineTarget) create(ctx context.Context, conv string) error {
+	return pgx.BeginFunc(ctx, t.pool, func(tx pgx.Tx) error {
+		var seq int64
+		if err := tx.QueryRow(ctx, baselineUpdate, conv, t.tenantID).Scan(&seq); err != nil {
+			return err
+		}
+		var id string
+		return tx.QueryRow(ctx, baselineInsert, t.tenantID, conv, seq, t.text).Scan(&id)
+	})
+}
+
+// picker hands out the conversations of a scenario round robin, shared by the workers.
+type picker struct {
+	convs []string
+	next  atomic.Uint64
+}
+
+func (p *picker) pick() string {
+	return p.convs[(p.next.Add(1)-1)%uint64(len(p.convs))]
+}
+
+// PhaseResult is the outcome of one measured phase.
+type PhaseResult struct {
+	Scenario, Target string
+	Round            int // from 1
+	Requests         int // answered successfully
+	Elapsed          time.Duration
+	RPS              float64
+	P50, P90, P99    time.Duration
+	Max              time.Duration
+	Errors           int
+	FirstErr         string
+	// CPU per successful request: of the core process (0 for the baseline), of the load
+	// generator, and of the rest of the machine (mostly PostgreSQL). Zero when unknown.
+	CoreCPU, GenCPU, RestCPU time.Duration
+}
+
+type worker struct {
+	lat      []time.Duration
+	errors   int
+	firstErr error
+}
+
+// runPhase drives t for d with concurrency closed loops over p's conversations.
+// Unmeasured phases (warm-up) keep no latencies.
+func runPhase(ctx context.Context, t target, p *picker, concurrency int, d time.Duration, measured bool) PhaseResult {
+	cpu0 := readCPU(t.pid())
+	workers := make([]worker, concurrency)
+	start := time.Now()
+	deadline := start.Add(d)
+	pctx, cancel := context.WithDeadline(ctx, deadline.Add(30*time.Second))
+	defer cancel()
+	var wg sync.WaitGroup
+	for i := range workers {
+		w := &workers[i]
+		wg.Go(func() {
+			for ctx.Err() == nil {
+				t0 := time.Now()
+				if !t0.Before(deadline) {
+					return
+				}
+				err := t.create(pctx, p.pick())
+				if err != nil {
+					if w.firstErr == nil {
+						w.firstErr = err
+					}
+					w.errors++
+					continue
+				}
+				if measured {
+					w.lat = append(w.lat, time.Since(t0))
+				}
+			}
+		})
+	}
+	wg.Wait()
+	elapsed := time.Since(start)
+	cpu1 := readCPU(t.pid())
+	res := PhaseResult{Target: t.name(), Elapsed: elapsed}
+	var all []time.Duration
+	for _, w := range workers {
+		all = append(all, w.lat...)
+		res.Errors += w.errors
+		if w.firstErr != nil && res.FirstErr == "" {
+			res.FirstErr = w.firstErr.Error()
+		}
+	}
+	slices.Sort(all)
+	res.Requests = len(all)
+	res.RPS = float64(len(all)) / elapsed.Seconds()
+	res.P50, res.P90, res.P99 = authzload.Percentile(all, 0.50), authzload.Percentile(all, 0.90), authzload.Percentile(all, 0.99)
+	if len(all) > 0 {
+		res.Max = all[len(all)-1]
+	}
+	res.CoreCPU, res.GenCPU, res.RestCPU = cpu1.perRequest(cpu0, res.Requests)
+	return res
+}
+
+// cpuSample is the CPU time used so far by the target's process, this process and the
+// machine.
+type cpuSample struct {
+	target, self, machine time.Duration
+	ok                    bool
+}
+
+func readCPU(pid int) cpuSample {
+	s := cpuSample{ok: true}
+	var err error
+	if pid > 0 {
+		if s.target, err = cputime.Process(pid); err != nil {
+			s.ok = false
+		}
+	}
+	if s.self, err = cputime.Self(); err != nil {
+		s.ok = false
+	}
+	if s.machine, err = cputime.Machine(); err != nil {
+		s.ok = false
+	}
+	return s
+}
+
+// perRequest splits the CPU used between two samples over n requests: the target's,
+// the generator's and the rest of the machine's.
+func (s cpuSample) perRequest(before cpuSample, n int) (target, gen, rest time.Duration) {
+	if !s.ok || !before.ok || n == 0 {
+		return 0, 0, 0
+	}
+	target, gen = s.target-before.target, s.self-before.self
+	rest = max(s.machine-before.machine-target-gen, 0)
+	return target / time.Duration(n), gen / time.Duration(n), rest / time.Duration(n)
+}
