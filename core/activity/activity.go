@@ -26,6 +26,9 @@ type Activity struct {
 	Metadata       json.RawMessage // a JSON object, never null
 	IdempotencyKey string
 	InsertedAt     time.Time
+	// ChannelID is the conversation's channel. It is not stored with the activity; the
+	// store fills it in when it creates one.
+	ChannelID string
 }
 
 // Types are the activity types.

@@ -280,7 +280,7 @@ func (s *server) clientCreateActivity(c *fiber.Ctx) error {
 		return activityError(c, channelDataErrors(body, err), errConversationAccess)
 	}
 	if created {
-		s.echo(c, a, cl.ChannelID)
+		s.echo(c, a)
 	}
 	return c.JSON(fiber.Map{"id": a.ID})
 }

@@ -49,9 +49,8 @@ func shouldEcho(a activity.Activity) bool {
 }
 
 // echo answers a newly created activity when its conversation is on an echo channel.
-// channelID is the conversation's channel when the caller knows it ("" to look it up).
 // A failure is logged and does not fail the user's request, whose activity is stored.
-func (s *server) echo(c *fiber.Ctx, a activity.Activity, channelID string) {
+func (s *server) echo(c *fiber.Ctx, a activity.Activity) {
 	if !shouldEcho(a) {
 		return
 	}
@@ -59,6 +58,7 @@ func (s *server) echo(c *fiber.Ctx, a activity.Activity, channelID string) {
 	// stored.
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(c.UserContext()), echoTimeout)
 	defer cancel()
+	channelID := a.ChannelID
 	if channelID == "" {
 		conv, err := s.Store.Conversation(ctx, a.TenantID, a.ConversationID)
 		if err != nil {

@@ -244,7 +244,7 @@ func (s *server) tenantCreateActivity(c *fiber.Ctx) error {
 		return activityError(c, err, apierror.NotFound)
 	}
 	if created {
-		s.echo(c, a, "")
+		s.echo(c, a)
 	}
 	return c.Status(fiber.StatusCreated).JSON(fiber.Map{"data": tenantActivity(a)})
 }

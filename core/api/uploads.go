@@ -201,7 +201,7 @@ func (s *server) clientUpload(c *fiber.Ctx) error {
 		}
 		return activityError(c, err, errConversationAccess)
 	}
-	s.echo(c, a, conv.ChannelID)
+	s.echo(c, a)
 	return c.JSON(fiber.Map{"id": a.ID})
 }
 

@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"strconv"
 
 	"github.com/jackc/pgx/v5"
 
@@ -29,49 +28,41 @@ func scanActivity(row pgx.Row) (activity.Activity, error) {
 
 // CreateActivity is the one way activities are created. The client's fields are
 // validated first (activity.FieldErrors); the server's come only from sys. The seq is
-// taken from the conversation's row under its lock, in the insert transaction, so it is
-// gap-free, and a closed conversation refuses the write (ErrConversationClosed). With
-// an idempotency key, a repeat (also a concurrent one) returns the original activity
-// and created false.
+// taken from the conversation's row under its lock, in the statement that inserts the
+// activity, so it is gap-free, and a closed conversation refuses the write
+// (ErrConversationClosed). With an idempotency key, a repeat (also a concurrent one)
+// returns the original activity and created false.
 func (s *Store) CreateActivity(ctx context.Context, c activity.Client, sys activity.System) (a activity.Activity, created bool, err error) {
 	if errs := c.Validate(s.limits); errs != nil {
 		return a, false, errs
 	}
-	err = s.inTx(ctx, func(tx pgx.Tx) error {
-		a, created, err = createActivity(ctx, tx, c, sys)
-		return err
-	})
-	return a, created, err
+	return createActivity(ctx, s.pool, c, sys)
 }
 
-// createActivity inserts within tx; c must be validated.
-func createActivity(ctx context.Context, tx pgx.Tx, c activity.Client, sys activity.System) (activity.Activity, bool, error) {
-	var seq int64
-	var status string
-	// The row lock serialises writers of one conversation: seq and the idempotency
-	// check below are decided under it.
-	err := tx.QueryRow(ctx, `SELECT status FROM conversations WHERE id = $1 AND tenant_id = $2 FOR UPDATE`,
-		sys.ConversationID, sys.TenantID).Scan(&status)
-	if err != nil {
-		return activity.Activity{}, false, notFound(err)
-	}
-	if sys.IdempotencyKey != "" {
-		a, err := scanActivity(tx.QueryRow(ctx, `SELECT `+activityColumns+` FROM activities
-			WHERE conversation_id = $1 AND idempotency_key = $2`, sys.ConversationID, sys.IdempotencyKey))
-		if err == nil {
-			return a, false, nil
-		}
-		if !errors.Is(err, pgx.ErrNoRows) {
-			return activity.Activity{}, false, err
-		}
-	}
-	if status != "active" {
-		return activity.Activity{}, false, ErrConversationClosed
-	}
-	if err := tx.QueryRow(ctx, `UPDATE conversations SET last_seq = last_seq + 1, updated_at = now()
-		WHERE id = $1 RETURNING last_seq`, sys.ConversationID).Scan(&seq); err != nil {
-		return activity.Activity{}, false, err
-	}
+// queryRower is a pool or a transaction.
+type queryRower interface {
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}
+
+// insertActivity takes the next seq of an active conversation and inserts the activity
+// in one statement: one round trip, with the conversation's row lock held only while
+// it runs. It returns no row when the conversation is missing, another tenant's or
+// closed. The migrations' trigger announces the activity (NotifyActivities).
+const insertActivity = `
+	WITH conv AS (
+		UPDATE conversations SET last_seq = last_seq + 1, updated_at = now()
+		WHERE id = $2 AND tenant_id = $1 AND status = 'active'
+		RETURNING last_seq, channel_id
+	), ins AS (
+		INSERT INTO activities (tenant_id, conversation_id, seq, type, sender, text, attachments, metadata, idempotency_key)
+		SELECT $1, $2, conv.last_seq, $3, $4, $5, $6::jsonb, $7::jsonb, $8 FROM conv
+		RETURNING ` + activityColumns + `
+	)
+	SELECT ins.*, conv.channel_id::text FROM ins, conv`
+
+// createActivity inserts through q; c must be validated. In a transaction, sys must
+// carry no idempotency key: a repeat's unique violation would abort the transaction.
+func createActivity(ctx context.Context, q queryRower, c activity.Client, sys activity.System) (activity.Activity, bool, error) {
 	var key, text any
 	if sys.IdempotencyKey != "" {
 		key = sys.IdempotencyKey
@@ -79,19 +70,52 @@ func createActivity(ctx context.Context, tx pgx.Tx, c activity.Client, sys activ
 	if c.Text != "" {
 		text = c.Text
 	}
-	a, err := scanActivity(tx.QueryRow(ctx, `
-		INSERT INTO activities (tenant_id, conversation_id, seq, type, sender, text, attachments, metadata, idempotency_key)
-		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)
-		RETURNING `+activityColumns,
-		sys.TenantID, sys.ConversationID, seq, c.Type, sys.Sender, text, []byte(c.AttachmentsJSON()), []byte(c.Metadata), key))
-	if err != nil {
-		return activity.Activity{}, false, err
+	// A conversation reopened between the insert and the look at why it failed is
+	// tried again; three rounds are plenty for that race.
+	for range 3 {
+		var a activity.Activity
+		var att, meta []byte
+		err := q.QueryRow(ctx, insertActivity, sys.TenantID, sys.ConversationID, c.Type, sys.Sender, text,
+			[]byte(c.AttachmentsJSON()), []byte(c.Metadata), key).Scan(
+			&a.ID, &a.TenantID, &a.ConversationID, &a.Seq, &a.Type, &a.Sender,
+			&a.Text, &att, &meta, &a.IdempotencyKey, &a.InsertedAt, &a.ChannelID)
+		a.Attachments, a.Metadata = json.RawMessage(att), json.RawMessage(meta)
+		switch {
+		case err == nil:
+			return a, true, nil
+		case isUniqueViolation(err) && key != nil:
+			// The statement failed as a whole, seq included: the original stands.
+			orig, err := activityByKey(ctx, q, sys)
+			return orig, false, err
+		case !errors.Is(err, pgx.ErrNoRows):
+			return activity.Activity{}, false, err
+		}
+		var status string
+		if err := q.QueryRow(ctx, `SELECT status FROM conversations WHERE id = $1 AND tenant_id = $2`,
+			sys.ConversationID, sys.TenantID).Scan(&status); err != nil {
+			return activity.Activity{}, false, notFound(err)
+		}
+		if key != nil {
+			orig, err := activityByKey(ctx, q, sys)
+			if err == nil {
+				return orig, false, nil
+			}
+			if !errors.Is(err, ErrNotFound) {
+				return activity.Activity{}, false, err
+			}
+		}
+		if status != "active" {
+			return activity.Activity{}, false, ErrConversationClosed
+		}
 	}
-	if _, err := tx.Exec(ctx, `SELECT pg_notify($1, $2)`, NotifyActivities,
-		sys.ConversationID+":"+strconv.FormatInt(seq, 10)); err != nil {
-		return activity.Activity{}, false, err
-	}
-	return a, true, nil
+	return activity.Activity{}, false, ErrConversationClosed
+}
+
+// activityByKey returns the activity of sys's conversation with sys's idempotency key.
+func activityByKey(ctx context.Context, q queryRower, sys activity.System) (activity.Activity, error) {
+	a, err := scanActivity(q.QueryRow(ctx, `SELECT `+activityColumns+` FROM activities
+		WHERE conversation_id = $1 AND idempotency_key = $2`, sys.ConversationID, sys.IdempotencyKey))
+	return a, notFound(err)
 }
 
 // ListActivities returns up to limit activities of a tenant's conversation with a seq
