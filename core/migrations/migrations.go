@@ -9,7 +9,7 @@ import (
 	"errors"
 	"fmt"
 
-	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/jackc/pgx/v5/stdlib"
 	"github.com/pressly/goose/v3"
 	"github.com/pressly/goose/v3/lock"
@@ -40,12 +40,14 @@ func Version(ctx context.Context, databaseURL string) (current, latest int64, er
 // withProvider opens databaseURL, runs f with a goose provider on it and closes the
 // connection again.
 func withProvider(databaseURL string, f func(*goose.Provider) error) error {
-	config, err := pgx.ParseConfig(databaseURL)
+	// Parsed as a pool's URL, so that pool settings such as pool_max_conns, which the
+	// core's pool takes from the same URL, are not sent to PostgreSQL as parameters.
+	config, err := pgxpool.ParseConfig(databaseURL)
 	if err != nil {
 		// pgx's message quotes the URL, and can only redact the password on a best-effort basis.
 		return errors.New("migrations: the database URL is not a valid connection string")
 	}
-	db := stdlib.OpenDB(*config)
+	db := stdlib.OpenDB(*config.ConnConfig)
 	defer db.Close()
 	p, err := newProvider(db)
 	if err != nil {

@@ -266,3 +266,20 @@ func TestConstraints(t *testing.T) {
 		}
 	})
 }
+
+// The core's pool reads pool settings from DATABASE_URL; migrating through the same URL
+// must not send them to PostgreSQL, which refuses unknown parameters.
+func TestUpAcceptsPoolSettings(t *testing.T) {
+	t.Parallel()
+	url := pgserver.NewTestDatabase(t, nil)
+	sep := "?"
+	if strings.Contains(url, "?") {
+		sep = "&"
+	}
+	if err := Up(testContext(t), url+sep+"pool_max_conns=3&pool_max_conn_lifetime=1h"); err != nil {
+		t.Fatalf("Up with pool settings in the URL: %v", err)
+	}
+	if !tableExists(t, connect(t, url), "activities") {
+		t.Fatal("activities missing after Up")
+	}
+}
