@@ -60,30 +60,16 @@ const insertActivity = `
 	)
 	SELECT ins.*, conv.channel_id::text FROM ins, conv`
 
-// createActivity inserts through q; c must be validated. In a transaction, sys must
-// carry no idempotency key: a repeat's unique violation would abort the transaction.
+// createActivity inserts through q (the pool, or a transaction); c must be validated.
 func createActivity(ctx context.Context, q queryRower, c activity.Client, sys activity.System) (activity.Activity, bool, error) {
-	var key, text any
-	if sys.IdempotencyKey != "" {
-		key = sys.IdempotencyKey
-	}
-	if c.Text != "" {
-		text = c.Text
-	}
 	// A conversation reopened between the insert and the look at why it failed is
 	// tried again; three rounds are plenty for that race.
 	for range 3 {
-		var a activity.Activity
-		var att, meta []byte
-		err := q.QueryRow(ctx, insertActivity, sys.TenantID, sys.ConversationID, c.Type, sys.Sender, text,
-			[]byte(c.AttachmentsJSON()), []byte(c.Metadata), key).Scan(
-			&a.ID, &a.TenantID, &a.ConversationID, &a.Seq, &a.Type, &a.Sender,
-			&a.Text, &att, &meta, &a.IdempotencyKey, &a.InsertedAt, &a.ChannelID)
-		a.Attachments, a.Metadata = json.RawMessage(att), json.RawMessage(meta)
+		a, err := insertActivityRow(ctx, q, c, sys)
 		switch {
 		case err == nil:
 			return a, true, nil
-		case isUniqueViolation(err) && key != nil:
+		case isUniqueViolation(err) && sys.IdempotencyKey != "":
 			// The statement failed as a whole, seq included: the original stands.
 			orig, err := activityByKey(ctx, q, sys)
 			return orig, false, err
@@ -95,7 +81,7 @@ func createActivity(ctx context.Context, q queryRower, c activity.Client, sys ac
 			sys.ConversationID, sys.TenantID).Scan(&status); err != nil {
 			return activity.Activity{}, false, notFound(err)
 		}
-		if key != nil {
+		if sys.IdempotencyKey != "" {
 			orig, err := activityByKey(ctx, q, sys)
 			if err == nil {
 				return orig, false, nil
@@ -109,6 +95,46 @@ func createActivity(ctx context.Context, q queryRower, c activity.Client, sys ac
 		}
 	}
 	return activity.Activity{}, false, ErrConversationClosed
+}
+
+// insertActivityRow runs insertActivity. In a transaction, an insert with an
+// idempotency key runs under a savepoint, so that a repeat's unique violation does not
+// abort the caller's transaction.
+func insertActivityRow(ctx context.Context, q queryRower, c activity.Client, sys activity.System) (activity.Activity, error) {
+	tx, inTx := q.(pgx.Tx)
+	if !inTx || sys.IdempotencyKey == "" {
+		return scanInsertedActivity(ctx, q, c, sys)
+	}
+	sp, err := tx.Begin(ctx)
+	if err != nil {
+		return activity.Activity{}, err
+	}
+	a, err := scanInsertedActivity(ctx, sp, c, sys)
+	if err != nil {
+		if rbErr := sp.Rollback(ctx); rbErr != nil {
+			return activity.Activity{}, rbErr
+		}
+		return activity.Activity{}, err
+	}
+	return a, sp.Commit(ctx)
+}
+
+func scanInsertedActivity(ctx context.Context, q queryRower, c activity.Client, sys activity.System) (activity.Activity, error) {
+	var key, text any
+	if sys.IdempotencyKey != "" {
+		key = sys.IdempotencyKey
+	}
+	if c.Text != "" {
+		text = c.Text
+	}
+	var a activity.Activity
+	var att, meta []byte
+	err := q.QueryRow(ctx, insertActivity, sys.TenantID, sys.ConversationID, c.Type, sys.Sender, text,
+		[]byte(c.AttachmentsJSON()), []byte(c.Metadata), key).Scan(
+		&a.ID, &a.TenantID, &a.ConversationID, &a.Seq, &a.Type, &a.Sender,
+		&a.Text, &att, &meta, &a.IdempotencyKey, &a.InsertedAt, &a.ChannelID)
+	a.Attachments, a.Metadata = json.RawMessage(att), json.RawMessage(meta)
+	return a, err
 }
 
 // activityByKey returns the activity of sys's conversation with sys's idempotency key.
