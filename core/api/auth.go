@@ -53,10 +53,12 @@ func bearer(c *fiber.Ctx) string {
 }
 
 // requireToken authenticates the client API: a valid Converger token (bearer, or the
-// t query parameter of the stream) whose channel is still active.
+// t query parameter of the stream only) whose channel is still active.
 func (s *server) requireToken(c *fiber.Ctx) error {
 	tok := bearer(c)
-	if tok == "" {
+	if tok == "" && strings.HasSuffix(c.Path(), "/stream") {
+		// Only the stream takes the token from its URL (streamUrl): a browser's
+		// WebSocket cannot send headers. Tokens elsewhere stay out of URLs and logs.
 		tok = c.Query("t")
 	}
 	claims, err := s.Verifier.Verify(tok)

@@ -578,3 +578,16 @@ func TestEchoChannel(t *testing.T) {
 		t.Fatalf("a webhook channel echoed: %+v", l.Data)
 	}
 }
+
+// Only the stream takes its token from the URL; elsewhere a token in the query string
+// is no credential, so tokens stay out of URLs and access logs.
+func TestClientTokenInQueryOnlyForTheStream(t *testing.T) {
+	e := newEnv(t, envOptions{})
+	s := e.setup("webhook")
+	tok := e.clientToken(s.secret, nil).Token
+	conv := e.startConversation(tok)
+	path := "/api/v1/converger/conversations/" + conv.ConversationID + "/activities?t=" + url.QueryEscape(tok)
+	e.do("GET", path, nil, nil).errorCode(t, 403, "forbidden")
+	e.do("POST", path, map[string]any{"type": "message", "text": "x"}, nil).errorCode(t, 403, "forbidden")
+	e.dlList(tok, conv.ConversationID, "") // the same token as a bearer works
+}
