@@ -200,10 +200,13 @@ func (c *Client) AttachmentsJSON() json.RawMessage {
 	return b
 }
 
-// CheckObject checks that raw is a JSON object of at most maxBytes bytes (compacted)
-// that PostgreSQL's jsonb can store, and returns it re-encoded from its parsed value
-// (valid UTF-8, lone surrogates replaced; jsonb normalises key order and spacing
-// anyway), or a message for the field ("must be an object", …).
+// CheckObject checks that raw is a JSON object that PostgreSQL's jsonb can store, of at
+// most maxBytes bytes once re-encoded, and returns it re-encoded from its parsed value
+// (compact, valid UTF-8, lone surrogates replaced, keys sorted, no optional escapes; jsonb
+// normalises key order and spacing anyway), or a message for the field ("must be an
+// object", …). The size is the re-encoded one, which is what is stored: it does not
+// depend on how the client escaped the object, so an object accepted once is accepted
+// again as any API answers it.
 func CheckObject(raw json.RawMessage, maxBytes int) (json.RawMessage, string) {
 	dec := json.NewDecoder(bytes.NewReader(raw))
 	dec.UseNumber()
@@ -211,19 +214,20 @@ func CheckObject(raw json.RawMessage, maxBytes int) (json.RawMessage, string) {
 	if dec.Decode(&obj) != nil || obj == nil || dec.More() {
 		return nil, "must be an object"
 	}
-	if len(compact(raw)) > maxBytes {
-		return nil, fmt.Sprintf("must be at most %d bytes of JSON", maxBytes)
-	}
-	if msg := storable(obj); msg != "" {
-		return nil, msg
-	}
 	var b bytes.Buffer
 	enc := json.NewEncoder(&b)
 	enc.SetEscapeHTML(false)
 	if enc.Encode(obj) != nil {
 		return nil, "must be an object"
 	}
-	return json.RawMessage(bytes.TrimRight(b.Bytes(), "\n")), ""
+	norm := bytes.TrimRight(b.Bytes(), "\n")
+	if len(norm) > maxBytes {
+		return nil, fmt.Sprintf("must be at most %d bytes of JSON", maxBytes)
+	}
+	if msg := storable(obj); msg != "" {
+		return nil, msg
+	}
+	return json.RawMessage(norm), ""
 }
 
 // storable finds what jsonb refuses in a parsed JSON value: NUL characters in strings
@@ -235,11 +239,8 @@ func storable(v any) string {
 			return "must not contain NUL characters"
 		}
 	case json.Number:
-		s := strings.ToLower(string(v))
-		if i := strings.IndexByte(s, 'e'); i >= 0 {
-			if exp, err := strconv.Atoi(strings.TrimPrefix(s[i+1:], "+")); err != nil || exp > 1000 || exp < -1000 {
-				return "must not contain numbers out of range"
-			}
+		if !numericInRange(string(v)) {
+			return "must not contain numbers out of range"
 		}
 	case []any:
 		for _, e := range v {
@@ -260,12 +261,20 @@ func storable(v any) string {
 	return ""
 }
 
-func compact(raw json.RawMessage) []byte {
-	var b bytes.Buffer
-	if json.Compact(&b, raw) != nil {
-		return raw
+// numericInRange reports whether PostgreSQL's numeric, which holds jsonb's numbers, can
+// hold a JSON number: an exponent within ±1000, and at most 16383 digits after the
+// decimal point and 131072 before it once the exponent is applied.
+func numericInRange(n string) bool {
+	mantissa, exp := strings.ToLower(n), 0
+	if i := strings.IndexByte(mantissa, 'e'); i >= 0 {
+		var err error
+		if exp, err = strconv.Atoi(strings.TrimPrefix(mantissa[i+1:], "+")); err != nil || exp > 1000 || exp < -1000 {
+			return false
+		}
+		mantissa = mantissa[:i]
 	}
-	return b.Bytes()
+	intPart, frac, _ := strings.Cut(strings.TrimPrefix(mantissa, "-"), ".")
+	return len(frac)-exp <= 16383 && (intPart == "0" || len(intPart)+exp <= 131072)
 }
 
 // BodySender returns the "sender" string of a tenant-API body (a server-to-server API,
