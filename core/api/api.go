@@ -33,6 +33,9 @@ type Deps struct {
 	Now func() time.Time
 	// Middleware run before the routes (the ext_authz check of AUTHZ_ADDR).
 	Middleware []fiber.Handler
+	// Pages registers the HTML login pages (core/login), which answer their own errors
+	// and unknown paths below /admin and /portal with HTML; nil: none.
+	Pages func(fiber.Router)
 }
 
 // server holds the dependencies the handlers share.
@@ -65,6 +68,11 @@ func New(d Deps) (*fiber.App, *Listener) {
 	}
 	s.tenantAPI(app.Group("/api/v1"))
 	s.clientAPI(app.Group("/api/v1/converger"))
+	s.inboundRoutes(app.Group("/api/v1/channels"))
+	s.legacyRoutes(app)
+	if d.Pages != nil {
+		d.Pages(app)
+	}
 	app.Use(func(c *fiber.Ctx) error { return fail(c, apierror.NotFound, nil) })
 	return app, &Listener{s: s}
 }

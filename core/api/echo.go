@@ -51,25 +51,31 @@ func shouldEcho(a activity.Activity) bool {
 // echo answers a newly created activity when its conversation is on an echo channel.
 // A failure is logged and does not fail the user's request, whose activity is stored.
 func (s *server) echo(c *fiber.Ctx, a activity.Activity) {
+	s.echoReply(c.UserContext(), requestID(c), a)
+}
+
+// echoReply is echo for a caller without a request (the legacy WebSocket), with the
+// request id to log.
+func (s *server) echoReply(parent context.Context, reqID string, a activity.Activity) {
 	if !shouldEcho(a) {
 		return
 	}
 	// The reply must not be lost because the client went away after its message was
 	// stored.
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(c.UserContext()), echoTimeout)
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(parent), echoTimeout)
 	defer cancel()
 	channelID := a.ChannelID
 	if channelID == "" {
 		conv, err := s.Store.Conversation(ctx, a.TenantID, a.ConversationID)
 		if err != nil {
-			s.Logger.Warn("echo: conversation lookup failed", "request_id", requestID(c), "conversation_id", a.ConversationID, "error", err)
+			s.Logger.Warn("echo: conversation lookup failed", "request_id", reqID, "conversation_id", a.ConversationID, "error", err)
 			return
 		}
 		channelID = conv.ChannelID
 	}
 	typ, err := s.channelType(ctx, channelID)
 	if err != nil {
-		s.Logger.Warn("echo: channel lookup failed", "request_id", requestID(c), "channel_id", channelID, "error", err)
+		s.Logger.Warn("echo: channel lookup failed", "request_id", reqID, "channel_id", channelID, "error", err)
 		return
 	}
 	if typ != echoChannelType {
@@ -79,7 +85,7 @@ func (s *server) echo(c *fiber.Ctx, a activity.Activity) {
 	sys := activity.System{TenantID: a.TenantID, ConversationID: a.ConversationID, Sender: echoSender}
 	if _, _, err := s.Store.CreateActivity(ctx, reply, sys); err != nil {
 		// A conversation closed in between is expected; anything else is worth a look.
-		s.Logger.Warn("echo: reply not created", "request_id", requestID(c), "conversation_id", a.ConversationID, "error", err)
+		s.Logger.Warn("echo: reply not created", "request_id", reqID, "conversation_id", a.ConversationID, "error", err)
 	}
 }
 
