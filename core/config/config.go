@@ -7,12 +7,18 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	netmail "net/mail"
 	"net/url"
 	"strconv"
 	"strings"
+	"time"
+	"unicode/utf8"
 
 	"github.com/converger/edge/core/activity"
 	"github.com/converger/edge/core/credentials"
+	"github.com/converger/edge/core/mail"
+	"github.com/converger/edge/core/passwords"
+	"github.com/converger/edge/core/store"
 	"github.com/converger/edge/shared/clientip"
 	"github.com/converger/edge/shared/token"
 )
@@ -35,7 +41,25 @@ type Config struct {
 	MaxUploadBytes int             // UPLOAD_MAX_BYTES
 	LogLevel       slog.Level
 	LogFormat      string
+	// AdminEmail and AdminPassword create the first admin at start when there is no admin
+	// (ADMIN_EMAIL, ADMIN_PASSWORD); without a password a random one is printed once.
+	AdminEmail    string
+	AdminPassword string
+	// SMTP sends the login pages' email (SMTP_URL, with SMTP_FROM as its sender); nil:
+	// email is written to the log.
+	SMTP     *mail.SMTP
+	SMTPFrom string // SMTP_FROM
+	// SessionIdleTimeout and SessionMaxAge end login sessions unused for that long, or
+	// that old (SESSION_IDLE_TIMEOUT, SESSION_MAX_AGE).
+	SessionIdleTimeout time.Duration
+	SessionMaxAge      time.Duration
 }
+
+// MinAdminPasswordLength is the fewest characters ADMIN_PASSWORD may have.
+const MinAdminPasswordLength = 12
+
+// maxSessionDuration bounds SESSION_IDLE_TIMEOUT and SESSION_MAX_AGE.
+const maxSessionDuration = 30 * 24 * time.Hour
 
 // Load reads the configuration through getenv. Serving needs DATABASE_URL and
 // TOKEN_SIGNING_KEY; the management commands only DATABASE_URL (and ENCRYPTION_KEY to
@@ -112,7 +136,64 @@ func Load(getenv func(string) string) (*Config, error) {
 	if c.LogFormat != "json" && c.LogFormat != "text" {
 		return nil, fmt.Errorf("LOG_FORMAT=%q: must be json or text", c.LogFormat)
 	}
+	if err := c.loadLogins(getenv); err != nil {
+		return nil, err
+	}
 	return c, nil
+}
+
+// loadLogins reads the variables of the login pages. Secrets (ADMIN_PASSWORD, the
+// password in SMTP_URL) never appear in an error.
+func (c *Config) loadLogins(getenv func(string) string) error {
+	c.AdminEmail = strings.TrimSpace(getenv("ADMIN_EMAIL"))
+	c.AdminPassword = getenv("ADMIN_PASSWORD")
+	if c.AdminEmail != "" {
+		if err := store.CheckEmail(c.AdminEmail); err != nil {
+			return fmt.Errorf("ADMIN_EMAIL: %w", err)
+		}
+	}
+	if c.AdminPassword != "" {
+		switch {
+		case c.AdminEmail == "":
+			return errors.New("ADMIN_PASSWORD is set but ADMIN_EMAIL is not: set both, or neither")
+		case !utf8.ValidString(c.AdminPassword) || utf8.RuneCountInString(c.AdminPassword) < MinAdminPasswordLength:
+			return fmt.Errorf("ADMIN_PASSWORD: must have at least %d characters", MinAdminPasswordLength)
+		case len(c.AdminPassword) > passwords.MaxLength:
+			return fmt.Errorf("ADMIN_PASSWORD: must have at most %d bytes", passwords.MaxLength)
+		}
+	}
+	c.SMTPFrom = orDefault(getenv("SMTP_FROM"), mail.DefaultFrom)
+	from, err := netmail.ParseAddress(c.SMTPFrom)
+	if err != nil || len(c.SMTPFrom) > 320 {
+		return fmt.Errorf("SMTP_FROM=%q: must be an email address, such as converger@example.com or \"Converger\" <converger@example.com>", c.SMTPFrom)
+	}
+	c.SMTPFrom = from.String()
+	if v := strings.TrimSpace(getenv("SMTP_URL")); v != "" {
+		s, err := mail.ParseURL(v)
+		if err != nil {
+			return fmt.Errorf("SMTP_URL: %w", err)
+		}
+		s.From = c.SMTPFrom
+		c.SMTP = s
+	}
+	for _, d := range []struct {
+		name string
+		def  time.Duration
+		dst  *time.Duration
+	}{
+		{"SESSION_IDLE_TIMEOUT", 30 * time.Minute, &c.SessionIdleTimeout},
+		{"SESSION_MAX_AGE", 12 * time.Hour, &c.SessionMaxAge},
+	} {
+		*d.dst = d.def
+		if v := strings.TrimSpace(getenv(d.name)); v != "" {
+			t, err := time.ParseDuration(v)
+			if err != nil || t < time.Minute || t > maxSessionDuration {
+				return fmt.Errorf("%s=%q: must be a duration from 1m to %s, such as 30m or 12h", d.name, v, maxSessionDuration)
+			}
+			*d.dst = t
+		}
+	}
+	return nil
 }
 
 // RequireServe checks what serving needs.

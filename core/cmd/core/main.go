@@ -17,9 +17,13 @@ import (
 	"github.com/converger/edge/core/api"
 	"github.com/converger/edge/core/authzcheck"
 	"github.com/converger/edge/core/config"
+	"github.com/converger/edge/core/login"
+	"github.com/converger/edge/core/mail"
 	"github.com/converger/edge/core/manage"
 	"github.com/converger/edge/core/migrations"
+	"github.com/converger/edge/core/passwords"
 	"github.com/converger/edge/core/store"
+	"github.com/converger/edge/shared/limiterclient"
 )
 
 func main() {
@@ -97,8 +101,14 @@ func serve(ctx context.Context, cfg *config.Config, log *slog.Logger) error {
 		middleware = append(middleware, checker.Handler)
 		log.Info("every request is checked by the sidecar", "authz_addr", cfg.AuthzAddr)
 	}
+	st := store.New(pool, cfg.Sealer, cfg.Limits)
+	pages, closePages, err := loginPages(ctx, cfg, st, log)
+	if err != nil {
+		return err
+	}
+	defer closePages()
 	app, listener := api.New(api.Deps{
-		Store:          store.New(pool, cfg.Sealer, cfg.Limits),
+		Store:          st,
 		Signer:         cfg.Signer,
 		Verifier:       cfg.Verifier,
 		PublicURL:      cfg.PublicURL,
@@ -106,6 +116,7 @@ func serve(ctx context.Context, cfg *config.Config, log *slog.Logger) error {
 		MaxUploadBytes: cfg.MaxUploadBytes,
 		Logger:         log,
 		Middleware:     middleware,
+		Pages:          pages.Register,
 	})
 	lctx, cancel := context.WithCancel(ctx)
 	defer cancel()
@@ -120,4 +131,58 @@ func serve(ctx context.Context, cfg *config.Config, log *slog.Logger) error {
 	}
 	log.Info("core stopping")
 	return app.ShutdownWithTimeout(10 * time.Second)
+}
+
+// loginPages creates the first admin when ADMIN_EMAIL asks for one, and returns the
+// login pages with their limiter (the sidecar's at LIMITER_ADDR, else one in this
+// process) and mail sender (SMTP_URL, else the log), and what stops them.
+func loginPages(ctx context.Context, cfg *config.Config, st *store.Store, log *slog.Logger) (*login.Pages, func(), error) {
+	if cfg.AdminEmail != "" {
+		// A generated password goes to stderr once, never through the logger.
+		u, created, err := login.BootstrapAdmin(ctx, st, cfg.AdminEmail, cfg.AdminPassword, passwords.Default, os.Stderr)
+		if err != nil {
+			return nil, nil, fmt.Errorf("creating the first admin (ADMIN_EMAIL): %w", err)
+		}
+		if created {
+			log.Info("created the first admin user", "email", u.Email, "id", u.ID,
+				"must_change_password", u.MustChangePassword)
+		}
+	}
+	var lim login.Limiter
+	var closeLimiter func()
+	if cfg.LimiterAddr != "" {
+		client, err := limiterclient.New(cfg.LimiterAddr)
+		if err != nil {
+			return nil, nil, fmt.Errorf("LIMITER_ADDR: %w", err)
+		}
+		lim, closeLimiter = client, func() { client.Close() }
+		log.Info("failed logins and password resets are counted by the sidecar", "limiter_addr", cfg.LimiterAddr)
+	} else {
+		local := login.NewLocalLimiter(nil)
+		lim, closeLimiter = local, local.Close
+		log.Info("LIMITER_ADDR is unset: failed logins and password resets are counted in this process, not shared with other cores")
+	}
+	var sender mail.Sender = mail.Log{Logger: log, From: cfg.SMTPFrom}
+	if cfg.SMTP != nil {
+		sender = cfg.SMTP
+		log.Info("email is sent through SMTP", "smtp", cfg.SMTP.Redacted(), "from", cfg.SMTPFrom)
+	} else {
+		log.Warn("SMTP_URL is unset: emails, password reset links included, are written to the log (for development only)")
+	}
+	pages, err := login.New(login.Options{
+		Store:       st,
+		Sealer:      cfg.Sealer,
+		Limiter:     lim,
+		Mailer:      sender,
+		ClientIP:    cfg.TrustedProxies,
+		PublicURL:   cfg.PublicURL,
+		IdleTimeout: cfg.SessionIdleTimeout,
+		MaxAge:      cfg.SessionMaxAge,
+		Logger:      log,
+	})
+	if err != nil {
+		closeLimiter()
+		return nil, nil, err
+	}
+	return pages, func() { pages.Close(); closeLimiter() }, nil
 }

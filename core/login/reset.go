@@ -1,0 +1,262 @@
+package login
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+	"unicode/utf8"
+
+	"github.com/gofiber/fiber/v2"
+
+	"github.com/converger/edge/core/credentials"
+	"github.com/converger/edge/core/mail"
+	"github.com/converger/edge/core/passwords"
+	"github.com/converger/edge/core/store"
+	"github.com/converger/edge/shared/buckets"
+)
+
+const (
+	msgResetSent    = "If the account exists, we have sent a link to reset its password."
+	msgResetInvalid = "This password reset link is invalid, has been used, or has expired. Ask for a new one."
+)
+
+// checkNewPassword returns why a new password is refused, or "".
+func checkNewPassword(password, confirm string) string {
+	switch {
+	case !utf8.ValidString(password):
+		return "The password is not valid text."
+	case utf8.RuneCountInString(password) < MinPasswordLength:
+		return fmt.Sprintf("The password must have at least %d characters.", MinPasswordLength)
+	case len(password) > passwords.MaxLength:
+		return fmt.Sprintf("The password must have at most %d bytes.", passwords.MaxLength)
+	case password != confirm:
+		return "The passwords do not match."
+	}
+	return ""
+}
+
+func (p *Pages) resetRequestPage(rl realm) fiber.Handler {
+	return func(c *fiber.Ctx) error {
+		v := p.newView(rl)
+		v.CSRF = p.formToken(c, nil)
+		return p.render(c, fiber.StatusOK, "reset_request", v)
+	}
+}
+
+// resetAccountKey is the password_reset_account key of an account:
+// "admin::<email>" or "tenant:<tenant name>:<email>", normalized.
+func resetAccountKey(rl realm, tenantName, email string) string {
+	if rl.portal {
+		return boundKey("tenant:" + tenantName + ":" + email)
+	}
+	return boundKey("admin::" + email)
+}
+
+// resetRequest emails a reset link to an active account, at most 3 per hour per account
+// (password_reset_account; the address is limited by the sidecar's route table). The
+// answer is the same page whatever happened, and the work done before it is the same
+// for known and unknown accounts (a limiter call and a lookup; the email is sent in the
+// background), so that it does not tell which accounts exist.
+func (p *Pages) resetRequest(rl realm) fiber.Handler {
+	return func(c *fiber.Ctx) error {
+		s, err := p.session(c)
+		if err != nil {
+			return p.internalError(c, rl, err)
+		}
+		if !p.checkCSRF(c, s) {
+			return p.forbidden(c, rl)
+		}
+		email, tenant := normalize(field(c, "email")), normalize(field(c, "tenant_name"))
+		if email != "" && len(email) <= maxEmailLength && (!rl.portal || (tenant != "" &&
+			utf8.RuneCountInString(tenant) <= maxTenantNameLength)) {
+			if err := p.requestReset(c, rl, tenant, email); err != nil {
+				return p.internalError(c, rl, err)
+			}
+		}
+		v := p.newView(rl)
+		v.CSRF = p.formToken(c, nil)
+		v.Notice = msgResetSent
+		return p.render(c, fiber.StatusOK, "reset_request", v)
+	}
+}
+
+func (p *Pages) requestReset(c *fiber.Ctx, rl realm, tenant, email string) error {
+	ctx, cancel := limiterContext(c)
+	res, limErr := p.Limiter.Check(ctx, buckets.PasswordResetAccount, resetAccountKey(rl, tenant, email), 1)
+	cancel()
+	var u store.LoginUser
+	var err error
+	if rl.portal {
+		u, err = p.Store.TenantUserForLogin(c.UserContext(), tenant, email)
+	} else {
+		u, err = p.Store.AdminForLogin(c.UserContext(), email)
+	}
+	switch {
+	case errors.Is(err, store.ErrNotFound):
+		return nil
+	case err != nil:
+		return err
+	case !u.Active:
+		return nil
+	case limErr != nil:
+		// Failing closed: no email rather than an unlimited number of them.
+		p.Logger.Error("login: the limiter did not answer; no password reset email sent", "error", limErr,
+			"request_id", requestID(c))
+		return nil
+	case !res.Allowed:
+		return nil
+	}
+	token := credentials.Random(32)
+	if err := p.Store.CreatePasswordReset(c.UserContext(), u.Kind, u.ID, hashToken(token), p.Now().Add(ResetTTL)); err != nil {
+		return err
+	}
+	link := p.PublicURL + rl.prefix + "/password/reset/" + token
+	account := "admin account " + u.Email
+	if rl.portal {
+		account = "account " + u.Email + " of tenant " + u.TenantName
+	}
+	p.queueMail(mail.Message{
+		To:      u.Email,
+		Subject: "Reset your Converger password",
+		Body: "Someone, hopefully you, asked to reset the password of the Converger " + account + ".\n\n" +
+			"To choose a new password, open this link within an hour:\n\n" + link + "\n\n" +
+			"The link works once. If you did not ask for it, ignore this email: your password stays as it is.\n",
+	})
+	return nil
+}
+
+// resetUser returns the user of the path's reset token when it can still be used in
+// this realm.
+func (p *Pages) resetUser(c *fiber.Ctx, rl realm) (token string, u store.LoginUser, ok bool, err error) {
+	token = c.Params("token")
+	if !validToken(token) {
+		return "", store.LoginUser{}, false, nil
+	}
+	token = strings.Clone(token)
+	u, err = p.Store.PasswordResetUser(c.UserContext(), hashToken(token), rl.kind, p.Now())
+	if errors.Is(err, store.ErrNotFound) {
+		return token, u, false, nil
+	}
+	return token, u, err == nil, err
+}
+
+func (p *Pages) resetPage(rl realm) fiber.Handler {
+	return func(c *fiber.Ctx) error {
+		token, _, ok, err := p.resetUser(c, rl)
+		if err != nil {
+			return p.internalError(c, rl, err)
+		}
+		if !ok {
+			return p.message(c, rl, fiber.StatusBadRequest, msgResetInvalid)
+		}
+		v := p.newView(rl)
+		v.CSRF = p.formToken(c, nil)
+		v.Action = rl.prefix + "/password/reset/" + token
+		return p.render(c, fiber.StatusOK, "reset_password", v)
+	}
+}
+
+// reset sets a new password with a reset token: the token is used up, the account's
+// sessions revoked, and must_change_password cleared.
+func (p *Pages) reset(rl realm) fiber.Handler {
+	return func(c *fiber.Ctx) error {
+		s, err := p.session(c)
+		if err != nil {
+			return p.internalError(c, rl, err)
+		}
+		if !p.checkCSRF(c, s) {
+			return p.forbidden(c, rl)
+		}
+		token, _, ok, err := p.resetUser(c, rl)
+		if err != nil {
+			return p.internalError(c, rl, err)
+		}
+		if !ok {
+			return p.message(c, rl, fiber.StatusBadRequest, msgResetInvalid)
+		}
+		password := field(c, "password")
+		if msg := checkNewPassword(password, field(c, "password_confirm")); msg != "" {
+			v := p.newView(rl)
+			v.CSRF = p.formToken(c, nil)
+			v.Action = rl.prefix + "/password/reset/" + token
+			v.Error = msg
+			return p.render(c, fiber.StatusUnprocessableEntity, "reset_password", v)
+		}
+		hash, err := passwords.HashWith(password, p.PasswordParams)
+		if err != nil {
+			return p.internalError(c, rl, err)
+		}
+		_, err = p.Store.ResetPassword(c.UserContext(), hashToken(token), rl.kind, p.Now(), hash)
+		if errors.Is(err, store.ErrNotFound) {
+			return p.message(c, rl, fiber.StatusBadRequest, msgResetInvalid)
+		}
+		if err != nil {
+			return p.internalError(c, rl, err)
+		}
+		// The account's sessions are gone; the browser's cookie is dropped too.
+		p.clearCookie(c, SessionCookie)
+		p.setCookie(c, noticeCookie, "password_reset", 0)
+		return redirect(c, rl.prefix+"/login")
+	}
+}
+
+// changePage is the password change due after signing in with a password that must be
+// changed (a generated one). Other accounts change their password through a reset.
+func (p *Pages) changePage(rl realm) fiber.Handler {
+	return func(c *fiber.Ctx) error {
+		s, err := p.signedIn(c, rl)
+		switch {
+		case err != nil:
+			return p.internalError(c, rl, err)
+		case s == nil:
+			return redirect(c, rl.prefix+"/login")
+		case !s.user.MustChangePassword:
+			return redirect(c, rl.prefix)
+		}
+		v := p.newView(rl)
+		v.CSRF = p.formToken(c, s)
+		v.WhoAmI = s.user.Email
+		return p.render(c, fiber.StatusOK, "change_password", v)
+	}
+}
+
+func (p *Pages) change(rl realm) fiber.Handler {
+	return func(c *fiber.Ctx) error {
+		s, err := p.signedIn(c, rl)
+		switch {
+		case err != nil:
+			return p.internalError(c, rl, err)
+		case s == nil:
+			return redirect(c, rl.prefix+"/login")
+		}
+		if !p.checkCSRF(c, s) {
+			return p.forbidden(c, rl)
+		}
+		if !s.user.MustChangePassword {
+			return redirect(c, rl.prefix)
+		}
+		password := field(c, "password")
+		if msg := checkNewPassword(password, field(c, "password_confirm")); msg != "" {
+			v := p.newView(rl)
+			v.CSRF = p.formToken(c, s)
+			v.WhoAmI = s.user.Email
+			v.Error = msg
+			return p.render(c, fiber.StatusUnprocessableEntity, "change_password", v)
+		}
+		if ok, _ := passwords.Verify(password, s.user.PasswordHash); ok {
+			v := p.newView(rl)
+			v.CSRF = p.formToken(c, s)
+			v.WhoAmI = s.user.Email
+			v.Error = "Choose a password other than the current one."
+			return p.render(c, fiber.StatusUnprocessableEntity, "change_password", v)
+		}
+		hash, err := passwords.HashWith(password, p.PasswordParams)
+		if err != nil {
+			return p.internalError(c, rl, err)
+		}
+		if err := p.Store.ChangePassword(c.UserContext(), s.user.Kind, s.user.ID, hash, s.IDHash, p.Now()); err != nil {
+			return p.internalError(c, rl, err)
+		}
+		return redirect(c, rl.prefix)
+	}
+}
