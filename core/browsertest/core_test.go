@@ -1,0 +1,252 @@
+package browsertest
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/base64"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"runtime/debug"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/converger/edge/core/credentials"
+	"github.com/converger/edge/core/migrations"
+	"github.com/converger/edge/shared/pgserver"
+	"github.com/converger/edge/shared/token"
+)
+
+func TestMain(m *testing.M) { os.Exit(pgserver.RunTests(m)) }
+
+const (
+	buildTimeout = 5 * time.Minute
+	readyTimeout = 30 * time.Second
+)
+
+// coreVars are the prefixes of the variables `core serve` reads; the test's own
+// environment must not leak them into the process.
+var coreVars = []string{
+	"CORE_ADDR=", "DATABASE_URL=", "PUBLIC_URL=", "TOKEN_", "ENCRYPTION_KEY=", "LIMITER_ADDR=",
+	"AUTHZ_ADDR=", "TRUSTED_PROXIES=", "ACTIVITY_MAX_", "UPLOAD_MAX_BYTES=", "LOG_LEVEL=",
+	"LOG_FORMAT=", "ADMIN_", "SMTP_", "SESSION_",
+}
+
+// core is a `core serve` process started by startCore.
+type core struct {
+	base   string // http://127.0.0.1:port, also its PUBLIC_URL
+	stderr *tail
+	done   chan struct{} // closed when the process has exited
+	err    error         // of Wait, set before done closes
+}
+
+// admin is the first admin the core creates at start from ADMIN_EMAIL and ADMIN_PASSWORD.
+type admin struct{ email, password string }
+
+// moduleRoot is the directory of go.mod above the package directory.
+func moduleRoot(t *testing.T) string {
+	t.Helper()
+	dir, err := os.Getwd()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for {
+		if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
+			return dir
+		}
+		parent := filepath.Dir(dir)
+		if parent == dir {
+			t.Fatal("no go.mod above the package directory")
+		}
+		dir = parent
+	}
+}
+
+// buildCore builds ./core/cmd/core into a temporary directory, with the race detector
+// when the test binary has it, so that the server runs under it too.
+func buildCore(t *testing.T) string {
+	t.Helper()
+	bin := filepath.Join(t.TempDir(), "core")
+	args := []string{"build", "-o", bin}
+	if raceEnabled() {
+		args = append(args, "-race")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), buildTimeout)
+	defer cancel()
+	start := time.Now()
+	cmd := exec.CommandContext(ctx, "go", append(args, "./core/cmd/core")...)
+	cmd.Dir = moduleRoot(t)
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("go %s ./core/cmd/core: %v\n%s", strings.Join(args, " "), err, out)
+	}
+	t.Logf("built the core in %v", time.Since(start).Round(time.Millisecond))
+	return bin
+}
+
+func raceEnabled() bool {
+	bi, ok := debug.ReadBuildInfo()
+	if !ok {
+		return false
+	}
+	for _, s := range bi.Settings {
+		if s.Key == "-race" {
+			return s.Value == "true"
+		}
+	}
+	return false
+}
+
+// newAdmin makes the first admin's credentials: a fixed address and a random password.
+func newAdmin(t *testing.T) admin {
+	t.Helper()
+	b := make([]byte, 18)
+	if _, err := rand.Read(b); err != nil {
+		t.Fatal(err)
+	}
+	return admin{email: "admin@example.com", password: base64.RawURLEncoding.EncodeToString(b)}
+}
+
+// startCore builds the core and serves it on a free loopback port over a fresh database,
+// with generated keys, the first admin a, and the in-process limiter (no LIMITER_ADDR).
+// It returns once the core answers HTTP; the process is killed when the test ends.
+func startCore(t *testing.T, a admin) *core {
+	t.Helper()
+	bin := buildCore(t)
+	dbURL := pgserver.NewTestDatabase(t, migrations.Up)
+	signingKey, err := token.GenerateKey()
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := freeAddr(t)
+	c := &core{base: "http://" + addr, stderr: &tail{max: 64 << 10}, done: make(chan struct{})}
+
+	cmd := exec.Command(bin, "serve")
+	for _, kv := range os.Environ() {
+		if !hasAnyPrefix(kv, coreVars) {
+			cmd.Env = append(cmd.Env, kv)
+		}
+	}
+	cmd.Env = append(cmd.Env,
+		"CORE_ADDR="+addr,
+		"PUBLIC_URL="+c.base,
+		"DATABASE_URL="+dbURL,
+		"TOKEN_SIGNING_KEY="+signingKey,
+		"ENCRYPTION_KEY="+credentials.GenerateEncryptionKey(),
+		"ADMIN_EMAIL="+a.email,
+		"ADMIN_PASSWORD="+a.password,
+		"LOG_FORMAT=text",
+	)
+	cmd.Stdout = c.stderr
+	cmd.Stderr = c.stderr
+	setParentDeathSignal(cmd)
+	cmd.WaitDelay = 5 * time.Second
+
+	// The kernel sends the parent-death signal when the thread that started the child
+	// ends, not the process: start and wait from one goroutine locked to its thread.
+	// It unlocks when the child has exited: a goroutine that ends locked ends its
+	// thread, which would signal other children started from it (the PostgreSQL server).
+	started := make(chan error, 1)
+	go func() {
+		runtime.LockOSThread()
+		defer runtime.UnlockOSThread()
+		if err := cmd.Start(); err != nil {
+			started <- err
+			close(c.done)
+			return
+		}
+		started <- nil
+		c.err = cmd.Wait()
+		close(c.done)
+	}()
+	if err := <-started; err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		select {
+		case <-c.done:
+		default:
+			_ = cmd.Process.Kill()
+			<-c.done
+		}
+		if t.Failed() {
+			t.Logf("core serve output (last %d bytes):\n%s", c.stderr.max, c.stderr.String())
+		}
+	})
+	c.waitReady(t)
+	return c
+}
+
+// waitReady polls the login page until the core answers HTTP at all (any status), the
+// process exits or readyTimeout passes.
+func (c *core) waitReady(t *testing.T) {
+	t.Helper()
+	client := &http.Client{Timeout: 2 * time.Second}
+	deadline := time.Now().Add(readyTimeout)
+	for {
+		resp, err := client.Get(c.base + "/admin/login")
+		if err == nil {
+			resp.Body.Close()
+			return
+		}
+		select {
+		case <-c.done:
+			t.Fatalf("core serve exited before it answered: %v\n%s", c.err, c.stderr.String())
+		case <-time.After(100 * time.Millisecond):
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("core serve did not answer at %s within %v: %v", c.base, readyTimeout, err)
+		}
+	}
+}
+
+// freeAddr returns a loopback address whose port was free a moment ago.
+func freeAddr(t *testing.T) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := l.Addr().String()
+	if err := l.Close(); err != nil {
+		t.Fatal(err)
+	}
+	return addr
+}
+
+func hasAnyPrefix(s string, prefixes []string) bool {
+	for _, p := range prefixes {
+		if strings.HasPrefix(s, p) {
+			return true
+		}
+	}
+	return false
+}
+
+// tail keeps the last max bytes written to it; safe for concurrent writers.
+type tail struct {
+	mu  sync.Mutex
+	max int
+	buf []byte
+}
+
+func (w *tail) Write(p []byte) (int, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.buf = append(w.buf, p...)
+	if over := len(w.buf) - w.max; over > 0 {
+		w.buf = w.buf[over:]
+	}
+	return len(p), nil
+}
+
+func (w *tail) String() string {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return string(bytes.ToValidUTF8(w.buf, []byte("?")))
+}
