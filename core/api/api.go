@@ -88,11 +88,14 @@ func (s *server) requestID(c *fiber.Ctx) error {
 
 // recover answers a panic with a 500 envelope and logs it with the request id (never
 // with the request's headers, which hold credentials).
+//
+// Logs name the matched route's pattern, never the path: paths can carry secrets (a
+// password reset link's token).
 func (s *server) recover(c *fiber.Ctx) (err error) {
 	defer func() {
 		if r := recover(); r != nil {
 			s.Logger.Error("panic while handling a request", "request_id", requestID(c), "method", c.Method(),
-				"path", c.Path(), "panic", fmt.Sprint(r), "stack", string(debug.Stack()))
+				"route", c.Route().Path, "panic", fmt.Sprint(r), "stack", string(debug.Stack()))
 			err = fail(c, apierror.Error{Status: 500, Code: "internal_error", Message: "Something went wrong."}, nil)
 		}
 	}()
@@ -119,7 +122,7 @@ func (s *server) errorHandler(c *fiber.Ctx, err error) error {
 	if errors.Is(err, context.Canceled) {
 		return nil
 	}
-	s.Logger.Error("request failed", "request_id", requestID(c), "method", c.Method(), "path", c.Path(), "error", err)
+	s.Logger.Error("request failed", "request_id", requestID(c), "method", c.Method(), "route", c.Route().Path, "error", err)
 	return fail(c, apierror.Error{Status: 500, Code: "internal_error", Message: "Something went wrong."}, nil)
 }
 
