@@ -467,9 +467,11 @@ func printHowTo(w io.Writer, h howTo) {
 	fmt.Fprintf(w, `
 Converger dev stack is up.
   core        %s  (every request is checked by the sidecar: AUTHZ_ADDR=%s)
+  admin pages %s/admin/login  (the first admin comes from ADMIN_EMAIL, with ADMIN_PASSWORD or a
+              generated password printed once above; emails go to the core's log unless SMTP_URL is set)
   sidecar     %s (gRPC)   http://%s/metrics
   PostgreSQL  %s
-`, h.Base, h.GRPCAddr, h.GRPCAddr, h.HTTPAddr, h.DatabaseURL)
+`, h.Base, h.GRPCAddr, h.Base, h.GRPCAddr, h.HTTPAddr, h.DatabaseURL)
 	if h.Demo == nil {
 		fmt.Fprintf(w, "\n%s\n\nCtrl-C stops everything.\n\n", h.Note)
 		return
