@@ -252,9 +252,9 @@ func (s *server) serveLegacy(conn *fiberws.Conn) {
 	if start == nil {
 		return
 	}
-	// Only the stream's writer, stop and finish drive this connection; its Direct Line
-	// fields stay unset.
-	st := &stream{s: s, ws: conn.Conn, out: make(chan []byte, streamMaxPendingFrames),
+	// Only the stream's writer, stop, finish and failure handling drive this connection;
+	// its Direct Line fields (claims, last, sub) stay unset.
+	st := &stream{s: s, ws: conn.Conn, conv: start.conv, out: make(chan []byte, streamMaxPendingFrames),
 		drained: make(chan struct{}, 1), readerDone: make(chan struct{})}
 	st.ctx, st.cancel = context.WithCancel(s.hub.ctx)
 	lc := &legacyConn{s: s, st: st, claims: start.claims, conv: start.conv, sender: legacySender(start.claims.Subject),
@@ -279,13 +279,8 @@ func (s *server) serveLegacy(conn *fiberws.Conn) {
 // the client goes, the token expires, the channel becomes inactive, or the server stops.
 func (lc *legacyConn) run() {
 	st := lc.st
-	var expiry <-chan time.Time
-	if lc.claims.ExpiresAt != nil {
-		// By the verifier's clock, which judged the token at the handshake.
-		t := time.NewTimer(lc.claims.ExpiresAt.Sub(lc.s.Verifier.Now()))
-		defer t.Stop()
-		expiry = t.C
-	}
+	expiry, stopExpiry := st.tokenExpiry(lc.claims.ExpiresAt)
+	defer stopExpiry()
 	recheck := time.NewTicker(streamRecheckInterval)
 	defer recheck.Stop()
 	if err := lc.push(); err != nil {
@@ -310,9 +305,7 @@ func (lc *legacyConn) run() {
 			st.stop(closePolicy, "token expired", true)
 			return
 		case <-recheck.C:
-			ch, err := lc.s.Store.ChannelByID(st.ctx, lc.conv.ChannelID)
-			if err == nil && !ch.Active() || errors.Is(err, store.ErrNotFound) {
-				st.stop(closePolicy, "channel inactive", true)
+			if st.channelGone(lc.conv.ChannelID) {
 				return
 			}
 		}
@@ -321,15 +314,7 @@ func (lc *legacyConn) run() {
 
 // failed ends the connection after an error of run.
 func (lc *legacyConn) failed(err error) {
-	switch {
-	case lc.st.ctx.Err() != nil:
-		// Already ending.
-	case errors.Is(err, store.ErrNotFound):
-		lc.st.stop(closePolicy, "conversation not found", true)
-	default:
-		lc.s.Logger.Warn("legacy WebSocket failed", "request_id", lc.requestID, "conversation_id", lc.conv.ID, "error", err)
-		lc.st.stop(closeInternal, "internal error", true)
-	}
+	lc.st.failed(err, "legacy WebSocket", "request_id", lc.requestID)
 }
 
 // answer handles one frame of the client and queues its reply.

@@ -26,6 +26,7 @@ import (
 	"github.com/fasthttp/websocket"
 	fiberws "github.com/gofiber/contrib/websocket"
 	"github.com/gofiber/fiber/v2"
+	"github.com/golang-jwt/jwt/v5"
 
 	"github.com/converger/edge/core/activity"
 	"github.com/converger/edge/core/store"
@@ -456,17 +457,12 @@ func (st *stream) writeLoop() {
 // run replays, then pushes what the hub announces, until the stream ends: the client
 // goes, the token expires, the channel becomes inactive, or the server stops.
 func (st *stream) run() {
-	var expiry <-chan time.Time
-	if st.claims.ExpiresAt != nil {
-		// By the verifier's clock, which judged the token at the handshake.
-		t := time.NewTimer(st.claims.ExpiresAt.Sub(st.s.Verifier.Now()))
-		defer t.Stop()
-		expiry = t.C
-	}
+	expiry, stopExpiry := st.tokenExpiry(st.claims.ExpiresAt)
+	defer stopExpiry()
 	recheck := time.NewTicker(streamRecheckInterval)
 	defer recheck.Stop()
 	if err := st.readAll(); err != nil {
-		st.failed(err)
+		st.failed(err, "stream")
 		return
 	}
 	for {
@@ -475,31 +471,52 @@ func (st *stream) run() {
 			return
 		case <-st.sub.wake:
 			if err := st.catchUp(); err != nil {
-				st.failed(err)
+				st.failed(err, "stream")
 				return
 			}
 		case <-expiry:
 			st.stop(closePolicy, "token expired", true)
 			return
 		case <-recheck.C:
-			ch, err := st.s.Store.ChannelByID(st.ctx, st.claims.ChannelID)
-			if err == nil && !ch.Active() || errors.Is(err, store.ErrNotFound) {
-				st.stop(closePolicy, "channel inactive", true)
+			if st.channelGone(st.claims.ChannelID) {
 				return
 			}
 		}
 	}
 }
 
-// failed ends the stream after an error of run.
-func (st *stream) failed(err error) {
+// tokenExpiry returns a channel that fires when a token expiring at exp runs out (nil
+// when it never does), and what stops its timer. Expiry is by the verifier's clock,
+// which judged the token at the handshake.
+func (st *stream) tokenExpiry(exp *jwt.NumericDate) (<-chan time.Time, func()) {
+	if exp == nil {
+		return nil, func() {}
+	}
+	t := time.NewTimer(exp.Sub(st.s.Verifier.Now()))
+	return t.C, func() { t.Stop() }
+}
+
+// channelGone closes the connection with 1008 when its channel has become inactive
+// or was deleted, and reports whether it did. A failed lookup keeps the connection.
+func (st *stream) channelGone(channelID string) bool {
+	ch, err := st.s.Store.ChannelByID(st.ctx, channelID)
+	if err == nil && !ch.Active() || errors.Is(err, store.ErrNotFound) {
+		st.stop(closePolicy, "channel inactive", true)
+		return true
+	}
+	return false
+}
+
+// failed ends the connection after an error of its loop; what names the connection
+// in the log ("stream", "legacy WebSocket").
+func (st *stream) failed(err error, what string, logAttrs ...any) {
 	switch {
 	case st.ctx.Err() != nil:
 		// Already ending.
 	case errors.Is(err, store.ErrNotFound):
 		st.stop(closePolicy, "conversation not found", true)
 	default:
-		st.s.Logger.Warn("stream failed", "conversation_id", st.conv.ID, "error", err)
+		st.s.Logger.Warn(what+" failed", append(logAttrs, "conversation_id", st.conv.ID, "error", err)...)
 		st.stop(closeInternal, "internal error", true)
 	}
 }
