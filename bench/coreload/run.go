@@ -179,11 +179,11 @@ func Seed(ctx context.Context, dbURL, encKey string, conversations int) (SeedDat
 	}
 	defer pool.Close()
 	st := store.New(pool, sealer, activity.DefaultLimits)
-	t, key, err := st.CreateTenant(ctx, "bench")
+	t, key, err := st.As("bench").CreateTenant(ctx, "bench")
 	if err != nil {
 		return SeedData{}, fmt.Errorf("seeding the tenant: %w", err)
 	}
-	ch, _, err := st.CreateChannel(ctx, t.ID, "bench", "webhook")
+	ch, _, err := st.As("bench").CreateChannel(ctx, t.ID, "bench", "webhook", "duplex")
 	if err != nil {
 		return SeedData{}, fmt.Errorf("seeding the channel: %w", err)
 	}

@@ -89,7 +89,7 @@ var seq atomic.Int64
 // tenant creates a tenant and returns it with its API key.
 func (e *env) tenant() (store.Tenant, string) {
 	e.t.Helper()
-	t, key, err := e.store.CreateTenant(context.Background(), fmt.Sprintf("tenant-%d", seq.Add(1)))
+	t, key, err := e.store.As("test").CreateTenant(context.Background(), fmt.Sprintf("tenant-%d", seq.Add(1)))
 	if err != nil {
 		e.t.Fatal(err)
 	}
@@ -99,7 +99,7 @@ func (e *env) tenant() (store.Tenant, string) {
 // channel creates a channel of a tenant and returns it with its credentials.
 func (e *env) channel(tenantID, typ string) (store.Channel, store.ChannelSecrets) {
 	e.t.Helper()
-	c, sec, err := e.store.CreateChannel(context.Background(), tenantID, fmt.Sprintf("channel-%d", seq.Add(1)), typ)
+	c, sec, err := e.store.As("test").CreateChannel(context.Background(), tenantID, fmt.Sprintf("channel-%d", seq.Add(1)), typ, "duplex")
 	if err != nil {
 		e.t.Fatal(err)
 	}

@@ -168,11 +168,11 @@ func newChecker(t *testing.T, addr string, log *slog.Logger) *authzcheck.Checker
 func (c *core) conversation() (apiKey, conversationID string) {
 	c.t.Helper()
 	ctx := context.Background()
-	ten, key, err := c.store.CreateTenant(ctx, fmt.Sprintf("tenant-%d", names.Add(1)))
+	ten, key, err := c.store.As("test").CreateTenant(ctx, fmt.Sprintf("tenant-%d", names.Add(1)))
 	if err != nil {
 		c.t.Fatal(err)
 	}
-	ch, _, err := c.store.CreateChannel(ctx, ten.ID, "web", "webhook")
+	ch, _, err := c.store.As("test").CreateChannel(ctx, ten.ID, "web", "webhook", "duplex")
 	if err != nil {
 		c.t.Fatal(err)
 	}

@@ -54,11 +54,11 @@ func startInboundSidecar(t *testing.T, dbURL string) *service.Sidecar {
 func (c *core) webhookChannel() (store.Channel, string) {
 	c.t.Helper()
 	ctx := context.Background()
-	ten, _, err := c.store.CreateTenant(ctx, fmt.Sprintf("inbound-tenant-%d", names.Add(1)))
+	ten, _, err := c.store.As("test").CreateTenant(ctx, fmt.Sprintf("inbound-tenant-%d", names.Add(1)))
 	if err != nil {
 		c.t.Fatal(err)
 	}
-	ch, sec, err := c.store.CreateChannel(ctx, ten.ID, "hook", "webhook")
+	ch, sec, err := c.store.As("test").CreateChannel(ctx, ten.ID, "hook", "webhook", "duplex")
 	if err != nil {
 		c.t.Fatal(err)
 	}

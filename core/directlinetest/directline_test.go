@@ -96,11 +96,11 @@ func startCore(t *testing.T) (base, secret string) {
 		t.Fatal(err)
 	}
 	st := store.New(pool, sealer, activity.DefaultLimits)
-	tenant, _, err := st.CreateTenant(ctx, "directline")
+	tenant, _, err := st.As("test").CreateTenant(ctx, "directline")
 	if err != nil {
 		t.Fatal(err)
 	}
-	_, secrets, err := st.CreateChannel(ctx, tenant.ID, "echo", "echo")
+	_, secrets, err := st.As("test").CreateChannel(ctx, tenant.ID, "echo", "echo", "duplex")
 	if err != nil {
 		t.Fatal(err)
 	}

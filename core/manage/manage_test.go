@@ -348,8 +348,8 @@ func TestChannelsCreate(t *testing.T) {
 		t.Fatalf("ChannelByPublishableKey(printed key): %v", err)
 	}
 	// Sealed with the ENCRYPTION_KEY the command was given.
-	if got, err := c.st.ChannelSecret(c.ctx, id); err != nil || got != secret {
-		t.Fatalf("ChannelSecret: %v", err)
+	if _, got, err := c.st.InboundChannel(c.ctx, id); err != nil || string(got) != secret {
+		t.Fatalf("InboundChannel: %v", err)
 	}
 	var secretHash, pkHash, sealed []byte
 	if err := c.pool.QueryRow(c.ctx, `SELECT secret_hash, publishable_key_hash, secret_ciphertext FROM channels WHERE id = $1`, id).

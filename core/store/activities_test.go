@@ -55,11 +55,11 @@ func newDataEnv(t *testing.T, limits activity.Limits) *dataEnv {
 func (e *dataEnv) conversation() (string, store.Conversation) {
 	e.t.Helper()
 	e.n++
-	ten, _, err := e.st.CreateTenant(e.ctx, fmt.Sprintf("t%d", e.n))
+	ten, _, err := e.st.As("test").CreateTenant(e.ctx, fmt.Sprintf("t%d", e.n))
 	if err != nil {
 		e.t.Fatal(err)
 	}
-	ch, _, err := e.st.CreateChannel(e.ctx, ten.ID, "web", "webhook")
+	ch, _, err := e.st.As("test").CreateChannel(e.ctx, ten.ID, "web", "webhook", "duplex")
 	if err != nil {
 		e.t.Fatal(err)
 	}

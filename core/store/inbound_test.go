@@ -16,11 +16,11 @@ import (
 func (e *dataEnv) inboundChannel() (store.Channel, string) {
 	e.t.Helper()
 	e.n++
-	ten, _, err := e.st.CreateTenant(e.ctx, fmt.Sprintf("inbound-%d", e.n))
+	ten, _, err := e.st.As("test").CreateTenant(e.ctx, fmt.Sprintf("inbound-%d", e.n))
 	if err != nil {
 		e.t.Fatal(err)
 	}
-	ch, sec, err := e.st.CreateChannel(e.ctx, ten.ID, "hook", "webhook")
+	ch, sec, err := e.st.As("test").CreateChannel(e.ctx, ten.ID, "hook", "webhook", "duplex")
 	if err != nil {
 		e.t.Fatal(err)
 	}

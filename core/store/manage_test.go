@@ -255,7 +255,7 @@ func TestOperatorCreateChannel(t *testing.T) {
 	if got, err := e.st.ChannelByPublishableKey(e.ctx, sec.Publishable); err != nil || got.ID != c.ID {
 		t.Fatalf("ChannelByPublishableKey: %v", err)
 	}
-	if got, err := e.st.ChannelSecret(e.ctx, c.ID); err != nil || got != sec.Secret {
+	if _, got, err := e.st.InboundChannel(e.ctx, c.ID); err != nil || string(got) != sec.Secret {
 		t.Fatalf("sealed secret does not open to the secret: %v", err)
 	}
 	var sealed []byte

@@ -49,20 +49,6 @@ func (s *Store) TenantByName(ctx context.Context, name string) (Tenant, error) {
 	return t, notFound(err)
 }
 
-// CreateTenant creates a tenant and returns its API key, the only time it is seen.
-func (s *Store) CreateTenant(ctx context.Context, name string) (Tenant, string, error) {
-	key := credentials.NewAPIKey()
-	var t Tenant
-	err := s.pool.QueryRow(ctx, `
-		INSERT INTO tenants (name, api_key_hash, api_key_prefix) VALUES ($1, $2, $3)
-		RETURNING id::text, name, status, api_key_prefix`,
-		name, credentials.Hash(key), credentials.DisplayPrefix(key)).Scan(&t.ID, &t.Name, &t.Status, &t.APIKeyPrefix)
-	if isUniqueViolation(err) {
-		return Tenant{}, "", ErrConflict
-	}
-	return t, key, err
-}
-
 const channelColumns = `c.id::text, c.tenant_id::text, c.name, c.type, c.mode, c.status, c.require_signature, t.status = 'active'`
 
 func scanChannel(row pgx.Row) (Channel, error) {
@@ -97,41 +83,6 @@ type ChannelSecrets struct {
 
 // ErrNoEncryptionKey: channel secrets need ENCRYPTION_KEY.
 var ErrNoEncryptionKey = errors.New("ENCRYPTION_KEY is required to store channel secrets")
-
-// CreateChannel creates a channel of a tenant with a new secret (stored as SHA-256 and
-// sealed with ENCRYPTION_KEY) and publishable key (SHA-256).
-func (s *Store) CreateChannel(ctx context.Context, tenantID, name, typ string) (Channel, ChannelSecrets, error) {
-	if s.sealer == nil {
-		return Channel{}, ChannelSecrets{}, ErrNoEncryptionKey
-	}
-	sec := ChannelSecrets{Secret: credentials.NewChannelSecret(), Publishable: credentials.NewPublishableKey()}
-	var id string
-	err := s.pool.QueryRow(ctx, `
-		INSERT INTO channels (tenant_id, name, type, secret_hash, secret_ciphertext, publishable_key_hash)
-		VALUES ($1, $2, $3, $4, $5, $6) RETURNING id::text`,
-		tenantID, name, typ, credentials.Hash(sec.Secret), s.sealer.Seal([]byte(sec.Secret)), credentials.Hash(sec.Publishable)).Scan(&id)
-	if isUniqueViolation(err) {
-		return Channel{}, ChannelSecrets{}, ErrConflict
-	}
-	if err != nil {
-		return Channel{}, ChannelSecrets{}, err
-	}
-	c, err := s.ChannelByID(ctx, id)
-	return c, sec, err
-}
-
-// ChannelSecret reads a channel's secret back (for inbound signatures).
-func (s *Store) ChannelSecret(ctx context.Context, channelID string) (string, error) {
-	if s.sealer == nil {
-		return "", ErrNoEncryptionKey
-	}
-	var sealed []byte
-	if err := s.pool.QueryRow(ctx, `SELECT secret_ciphertext FROM channels WHERE id = $1`, channelID).Scan(&sealed); err != nil {
-		return "", notFound(err)
-	}
-	b, err := s.sealer.Open(sealed)
-	return string(b), err
-}
 
 // DefaultKeyGrace is how long a rotated API key keeps working.
 const DefaultKeyGrace = 24 * time.Hour

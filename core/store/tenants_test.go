@@ -14,7 +14,7 @@ import (
 func TestTenantByAPIKey(t *testing.T) {
 	t.Parallel()
 	e := newDataEnv(t, activity.DefaultLimits)
-	ten, key, err := e.st.CreateTenant(e.ctx, "Acme")
+	ten, key, err := e.st.As("test").CreateTenant(e.ctx, "Acme")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -32,7 +32,7 @@ func TestTenantByAPIKey(t *testing.T) {
 	if got, err := e.st.TenantByName(e.ctx, "ACME"); err != nil || got.ID != ten.ID {
 		t.Fatalf("by name: %+v %v", got, err)
 	}
-	if _, _, err := e.st.CreateTenant(e.ctx, "acme"); !errors.Is(err, store.ErrConflict) {
+	if _, _, err := e.st.As("test").CreateTenant(e.ctx, "acme"); !errors.Is(err, store.ErrConflict) {
 		t.Fatalf("duplicate name: %v", err)
 	}
 	// The key is stored hashed only.
@@ -69,11 +69,11 @@ func TestTenantByAPIKey(t *testing.T) {
 func TestChannels(t *testing.T) {
 	t.Parallel()
 	e := newDataEnv(t, activity.DefaultLimits)
-	ten, _, err := e.st.CreateTenant(e.ctx, "a")
+	ten, _, err := e.st.As("test").CreateTenant(e.ctx, "a")
 	if err != nil {
 		t.Fatal(err)
 	}
-	ch, sec, err := e.st.CreateChannel(e.ctx, ten.ID, "web", "echo")
+	ch, sec, err := e.st.As("test").CreateChannel(e.ctx, ten.ID, "web", "echo", "duplex")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -98,8 +98,8 @@ func TestChannels(t *testing.T) {
 		t.Fatalf("secret as a publishable key: %v", err)
 	}
 	// The secret reads back (for inbound signatures) and is stored only hashed and sealed.
-	if got, err := e.st.ChannelSecret(e.ctx, ch.ID); err != nil || got != sec.Secret {
-		t.Fatalf("ChannelSecret: %v", err)
+	if _, got, err := e.st.InboundChannel(e.ctx, ch.ID); err != nil || string(got) != sec.Secret {
+		t.Fatalf("InboundChannel: %v", err)
 	}
 	var hash, sealed []byte
 	if err := e.pool.QueryRow(e.ctx, `SELECT secret_hash, secret_ciphertext FROM channels WHERE id = $1`, ch.ID).Scan(&hash, &sealed); err != nil {
@@ -109,11 +109,11 @@ func TestChannels(t *testing.T) {
 		t.Fatal("the secret is not stored hashed and sealed")
 	}
 	// Names are unique per tenant.
-	if _, _, err := e.st.CreateChannel(e.ctx, ten.ID, "web", "webhook"); !errors.Is(err, store.ErrConflict) {
+	if _, _, err := e.st.As("test").CreateChannel(e.ctx, ten.ID, "web", "webhook", "duplex"); !errors.Is(err, store.ErrConflict) {
 		t.Fatalf("duplicate name: %v", err)
 	}
-	other, _, _ := e.st.CreateTenant(e.ctx, "b")
-	if _, _, err := e.st.CreateChannel(e.ctx, other.ID, "web", "webhook"); err != nil {
+	other, _, _ := e.st.As("test").CreateTenant(e.ctx, "b")
+	if _, _, err := e.st.As("test").CreateChannel(e.ctx, other.ID, "web", "webhook", "duplex"); err != nil {
 		t.Fatalf("same name, other tenant: %v", err)
 	}
 	// Active needs the channel and its tenant active.
@@ -137,7 +137,7 @@ func TestChannels(t *testing.T) {
 	}
 	// Without ENCRYPTION_KEY no channel is created.
 	bare := store.New(e.pool, nil, activity.DefaultLimits)
-	if _, _, err := bare.CreateChannel(e.ctx, ten.ID, "x", "echo"); !errors.Is(err, store.ErrNoEncryptionKey) {
+	if _, _, err := bare.As("test").CreateChannel(e.ctx, ten.ID, "x", "echo", "duplex"); !errors.Is(err, store.ErrNoEncryptionKey) {
 		t.Fatalf("without a sealer: %v", err)
 	}
 }

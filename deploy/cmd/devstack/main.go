@@ -267,11 +267,11 @@ func demoCredentials(ctx context.Context, dbURL string, sealer *credentials.Seal
 		return nil, "", err
 	}
 	if tenants == 0 {
-		t, key, err := st.CreateTenant(ctx, demoTenant)
+		t, key, err := st.As("devstack").CreateTenant(ctx, demoTenant)
 		if err != nil {
 			return nil, "", fmt.Errorf("creating the demo tenant: %w", err)
 		}
-		ch, sec, err := st.CreateChannel(ctx, t.ID, demoChannel, "echo")
+		ch, sec, err := st.As("devstack").CreateChannel(ctx, t.ID, demoChannel, "echo", "duplex")
 		if err != nil {
 			return nil, "", fmt.Errorf("creating the demo channel: %w", err)
 		}
