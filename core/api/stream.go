@@ -192,7 +192,8 @@ type Listener struct {
 // Listening reports whether the LISTEN connection is up.
 func (l *Listener) Listening() bool { return l.listening.Load() }
 
-// Streams returns how many streams are connected to this instance.
+// Streams returns how many WebSocket connections (Direct Line streams and legacy sockets)
+// are connected to this instance.
 func (l *Listener) Streams() int { return l.s.hub.subscribers() }
 
 // Run listens until ctx ends, on a connection of its own taken out of the store's pool.
