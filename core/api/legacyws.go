@@ -441,16 +441,7 @@ func (lc *legacyConn) readLoop() {
 	st := lc.st
 	ws := st.ws
 	ws.SetReadLimit(legacyReadLimit(lc.s.Limits))
-	alive := func() {
-		_ = ws.SetReadDeadline(time.Now().Add(streamReadTimeout))
-		if st.ctx.Err() != nil {
-			_ = ws.SetReadDeadline(time.Now())
-		}
-	}
-	alive()
-	ws.SetPongHandler(func(string) error { alive(); return nil })
-	ping := ws.PingHandler()
-	ws.SetPingHandler(func(data string) error { alive(); return ping(data) })
+	alive := st.keepAlive()
 	for {
 		typ, data, err := ws.ReadMessage()
 		if err != nil {

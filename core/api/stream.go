@@ -390,16 +390,7 @@ func (st *stream) finish() {
 func (st *stream) readLoop() {
 	ws := st.ws
 	ws.SetReadLimit(streamReadLimit)
-	alive := func() {
-		_ = ws.SetReadDeadline(time.Now().Add(streamReadTimeout))
-		if st.ctx.Err() != nil {
-			_ = ws.SetReadDeadline(time.Now())
-		}
-	}
-	alive()
-	ws.SetPongHandler(func(string) error { alive(); return nil })
-	ping := ws.PingHandler()
-	ws.SetPingHandler(func(data string) error { alive(); return ping(data) })
+	alive := st.keepAlive()
 	for {
 		if _, _, err := ws.NextReader(); err != nil {
 			var ce *websocket.CloseError
@@ -416,6 +407,24 @@ func (st *stream) readLoop() {
 		}
 		alive()
 	}
+}
+
+// keepAlive gives the reader streamReadTimeout from now, and again after every pong or
+// ping of the client; the reader calls the function it returns after every frame. Once
+// the connection is ending, the deadline is now, so the reader stops.
+func (st *stream) keepAlive() (alive func()) {
+	ws := st.ws
+	alive = func() {
+		_ = ws.SetReadDeadline(time.Now().Add(streamReadTimeout))
+		if st.ctx.Err() != nil {
+			_ = ws.SetReadDeadline(time.Now())
+		}
+	}
+	alive()
+	ws.SetPongHandler(func(string) error { alive(); return nil })
+	ping := ws.PingHandler()
+	ws.SetPingHandler(func(data string) error { alive(); return ping(data) })
+	return alive
 }
 
 // writeLoop sends the frames in order and pings the client.
