@@ -83,76 +83,83 @@ func parse(fs *flag.FlagSet, args []string) (code int, done bool) {
 	return 0, false
 }
 
-func runAuthz(ctx context.Context, name string, args []string) int {
-	cfg := authzload.DefaultConfig()
+// loadTest is one load test as runLoad drives it: its flags, the check of their values
+// once parsed, and the run, which reports whether the test missed its aim.
+type loadTest struct {
+	flags    func(*flag.FlagSet)
+	validate func(fs *flag.FlagSet, args []string) error
+	run      func(ctx context.Context) (missed bool, err error)
+}
+
+// runLoad parses a load test's flags and runs it. Exit status: 2 for bad usage, 1 when
+// the run failed or (with -strict) missed its aim.
+func runLoad(ctx context.Context, name string, args []string, t loadTest) int {
 	fs := flag.NewFlagSet("bench "+name, flag.ContinueOnError)
-	cfg.RegisterFlags(fs)
+	t.flags(fs)
 	if code, done := parse(fs, args); done {
 		return code
 	}
-	cfg.Args = args
-	if err := cfg.Validate(); err != nil {
+	if err := t.validate(fs, args); err != nil {
 		fmt.Fprintf(os.Stderr, "bench %s: %v\n", name, err)
 		return 2
 	}
-	rep, err := authzload.Run(ctx, cfg, os.Stdout, os.Stderr)
+	missed, err := t.run(ctx)
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "bench %s: %v\n", name, err)
 		return 1
 	}
-	if cfg.Strict && !rep.Pass {
+	if missed {
 		return 1
 	}
 	return 0
+}
+
+func runAuthz(ctx context.Context, name string, args []string) int {
+	cfg := authzload.DefaultConfig()
+	return runLoad(ctx, name, args, loadTest{
+		flags: cfg.RegisterFlags,
+		validate: func(_ *flag.FlagSet, args []string) error {
+			cfg.Args = args
+			return cfg.Validate()
+		},
+		run: func(ctx context.Context) (bool, error) {
+			rep, err := authzload.Run(ctx, cfg, os.Stdout, os.Stderr)
+			return err == nil && cfg.Strict && !rep.Pass, err
+		},
+	})
 }
 
 func runCluster(ctx context.Context, name string, args []string) int {
 	cfg := clusterload.DefaultConfig()
-	fs := flag.NewFlagSet("bench "+name, flag.ContinueOnError)
-	cfg.RegisterFlags(fs)
-	if code, done := parse(fs, args); done {
-		return code
-	}
-	set := map[string]bool{}
-	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
-	cfg.ApplyQuick(set)
-	cfg.Args = args
-	if err := cfg.Validate(); err != nil {
-		fmt.Fprintf(os.Stderr, "bench %s: %v\n", name, err)
-		return 2
-	}
-	rep, err := clusterload.Run(ctx, cfg, os.Stdout, os.Stderr)
-	if err != nil {
-		fmt.Fprintf(os.Stderr, "bench %s: %v\n", name, err)
-		return 1
-	}
-	if cfg.Strict && !(rep.AimPass && rep.SinglePass) {
-		return 1
-	}
-	return 0
+	return runLoad(ctx, name, args, loadTest{
+		flags: cfg.RegisterFlags,
+		validate: func(fs *flag.FlagSet, args []string) error {
+			set := map[string]bool{}
+			fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+			cfg.ApplyQuick(set)
+			cfg.Args = args
+			return cfg.Validate()
+		},
+		run: func(ctx context.Context) (bool, error) {
+			rep, err := clusterload.Run(ctx, cfg, os.Stdout, os.Stderr)
+			return err == nil && cfg.Strict && !(rep.AimPass && rep.SinglePass), err
+		},
+	})
 }
 
 func runCore(ctx context.Context, name string, args []string) int {
 	cfg := coreload.DefaultConfig()
-	fs := flag.NewFlagSet("bench "+name, flag.ContinueOnError)
-	cfg.RegisterFlags(fs)
-	if code, done := parse(fs, args); done {
-		return code
-	}
-	cfg.Args = args
-	if err := cfg.Validate(); err != nil {
-		fmt.Fprintf(os.Stderr, "bench %s: %v\n", name, err)
-		return 2
-	}
-	rep, err := coreload.Run(ctx, cfg, os.Stdout, os.Stderr)
-	if err != nil {
-		fmt.Fprintf(os.Stderr, "bench %s: %v\n", name, err)
-		return 1
-	}
-	if cfg.Strict && !rep.Pass {
-		return 1
-	}
-	return 0
+	return runLoad(ctx, name, args, loadTest{
+		flags: cfg.RegisterFlags,
+		validate: func(_ *flag.FlagSet, args []string) error {
+			cfg.Args = args
+			return cfg.Validate()
+		},
+		run: func(ctx context.Context) (bool, error) {
+			rep, err := coreload.Run(ctx, cfg, os.Stdout, os.Stderr)
+			return err == nil && cfg.Strict && !rep.Pass, err
+		},
+	})
 }
 
 func runNoopAuthz(ctx context.Context, name string, args []string) int {
