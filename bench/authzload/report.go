@@ -155,19 +155,6 @@ func fmtCPU(d time.Duration) string {
 	return fmt.Sprintf("%.1fµs", float64(d)/1e3)
 }
 
-// fmtDur prints a latency with three significant digits.
-func fmtDur(d time.Duration) string {
-	switch {
-	case d < time.Millisecond:
-		return fmt.Sprintf("%.0fµs", float64(d)/1e3)
-	case d < 10*time.Millisecond:
-		return fmt.Sprintf("%.2fms", float64(d)/1e6)
-	case d < 100*time.Millisecond:
-		return fmt.Sprintf("%.1fms", float64(d)/1e6)
-	}
-	return fmt.Sprintf("%.0fms", float64(d)/1e6)
-}
-
 // Command is the command line that reproduces the run.
 func (r *Report) Command() string { return runinfo.Command("authz", r.Config.Args) }
 
@@ -205,12 +192,12 @@ func (r *Report) WriteText(w io.Writer) {
 			capped = " (capped)"
 		}
 		fmt.Fprintf(tw, "%d\t%s\t%d%s\t%.0f\t%s\t%s\t%s\t%s\t%s\t%d\t%.1f%%\t%.2f%%\t%s\t%s\t%s\t\n", p.Round, p.Target, p.Requests, capped, p.RPS,
-			fmtDur(p.P50), fmtDur(p.P90), fmtDur(p.P99), fmtDur(p.P999), fmtDur(p.Max), p.Errors, pct(p.Denied, p.Requests), pct(p.Rejected, p.Requests),
+			runinfo.Latency(p.P50), runinfo.Latency(p.P90), runinfo.Latency(p.P99), runinfo.Latency(p.P999), runinfo.Latency(p.Max), p.Errors, pct(p.Denied, p.Requests), pct(p.Rejected, p.Requests),
 			fmtCPU(p.TargetCPU), fmtCPU(p.GenCPU), fmtLoad(p.OtherLoad))
 	}
 	for _, s := range []Summary{r.Sidecar, r.Noop} {
 		fmt.Fprintf(tw, "median\t%s\t%d\t%.0f\t%s\t\t%s\t\t\t%d\t%.1f%%\t%.2f%%\t%s\t%s\t\t\n", s.Target, s.Requests, s.RPS,
-			fmtDur(s.P50), fmtDur(s.P99), s.Errors, pct(s.Denied, s.Requests), pct(s.Rejected, s.Requests), fmtCPU(s.TargetCPU), fmtCPU(s.GenCPU))
+			runinfo.Latency(s.P50), runinfo.Latency(s.P99), s.Errors, pct(s.Denied, s.Requests), pct(s.Rejected, s.Requests), fmtCPU(s.TargetCPU), fmtCPU(s.GenCPU))
 	}
 	tw.Flush()
 	fmt.Fprintf(w, "\nthroughput sidecar/no-op  %.3f  (target ≥ %.2f)  %s\n", r.ThroughputRatio, MinThroughputRatio, runinfo.Verdict(r.ThroughputRatio >= MinThroughputRatio))
@@ -238,7 +225,7 @@ func (r *Report) Markdown() string {
 	b.WriteString("## Result (medians over rounds)\n\n")
 	b.WriteString("| target | requests | req/s | p50 | p99 | gRPC errors | 429 | rejected credentials | CPU per check | generator CPU per check |\n|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|\n")
 	for _, s := range []Summary{r.Sidecar, r.Noop} {
-		fmt.Fprintf(&b, "| %s | %d | %.0f | %s | %s | %d | %.1f%% | %.2f%% | %s | %s |\n", s.Target, s.Requests, s.RPS, fmtDur(s.P50), fmtDur(s.P99),
+		fmt.Fprintf(&b, "| %s | %d | %.0f | %s | %s | %d | %.1f%% | %.2f%% | %s | %s |\n", s.Target, s.Requests, s.RPS, runinfo.Latency(s.P50), runinfo.Latency(s.P99),
 			s.Errors, pct(s.Denied, s.Requests), pct(s.Rejected, s.Requests), fmtCPU(s.TargetCPU), fmtCPU(s.GenCPU))
 	}
 	b.WriteString("\n| ratio | value | target | verdict |\n|---|--:|--:|---|\n")
@@ -256,7 +243,7 @@ func (r *Report) Markdown() string {
 			capped = " (capped)"
 		}
 		fmt.Fprintf(&b, "| %d | %s | %d%s | %.0f | %s | %s | %s | %s | %s | %d | %.1f%% | %s | %s | %s |\n", p.Round, p.Target, p.Requests, capped, p.RPS,
-			fmtDur(p.P50), fmtDur(p.P90), fmtDur(p.P99), fmtDur(p.P999), fmtDur(p.Max), p.Errors, pct(p.Denied, p.Requests), fmtCPU(p.TargetCPU), fmtCPU(p.GenCPU), fmtLoad(p.OtherLoad))
+			runinfo.Latency(p.P50), runinfo.Latency(p.P90), runinfo.Latency(p.P99), runinfo.Latency(p.P999), runinfo.Latency(p.Max), p.Errors, pct(p.Denied, p.Requests), fmtCPU(p.TargetCPU), fmtCPU(p.GenCPU), fmtLoad(p.OtherLoad))
 	}
 	fmt.Fprintf(&b, "\nOther load is the CPU the rest of the machine used during the phase (other processes, and kernel work charged to none), in CPUs of the %d: on a shared machine, phases with more of it are slower for reasons outside the targets.\n", r.NProc)
 	fmt.Fprintf(&b, "\nRequests sent including warm-ups: sidecar %d, no-op %d.\n", r.SentSidecar, r.SentNoop)

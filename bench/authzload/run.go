@@ -124,7 +124,7 @@ func Run(ctx context.Context, cfg Config, stdout, stderr io.Writer) (rep *Report
 			res.Round = round
 			rep.Phases = append(rep.Phases, res)
 			logf("round %d %-7s %8.0f req/s  p50 %v  p99 %v  errors %d  429 %.1f%%  CPU/req %s (generator %s)",
-				round, t.name, res.RPS, fmtDur(res.P50), fmtDur(res.P99), res.Errors, pct(res.Denied, res.Requests), fmtCPU(res.TargetCPU), fmtCPU(res.GenCPU))
+				round, t.name, res.RPS, runinfo.Latency(res.P50), runinfo.Latency(res.P99), res.Errors, pct(res.Denied, res.Requests), fmtCPU(res.TargetCPU), fmtCPU(res.GenCPU))
 			if res.Errors > 0 {
 				logf("round %d %s: first gRPC error: %s", round, t.name, res.FirstErr)
 			}

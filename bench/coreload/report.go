@@ -152,19 +152,6 @@ func fmtCPU(d time.Duration) string {
 	return fmt.Sprintf("%.0fµs", float64(d)/1e3)
 }
 
-// fmtDur prints a latency with three significant digits.
-func fmtDur(d time.Duration) string {
-	switch {
-	case d < time.Millisecond:
-		return fmt.Sprintf("%.0fµs", float64(d)/1e3)
-	case d < 10*time.Millisecond:
-		return fmt.Sprintf("%.2fms", float64(d)/1e6)
-	case d < 100*time.Millisecond:
-		return fmt.Sprintf("%.1fms", float64(d)/1e6)
-	}
-	return fmt.Sprintf("%.0fms", float64(d)/1e6)
-}
-
 // Command is the command line that reproduces the run.
 func (r *Report) Command() string {
 	parts := []string{"go build -o bin/core ./core/cmd/core && go build -o bin/bench ./bench/cmd/bench && ./bin/bench core"}
@@ -189,11 +176,11 @@ func (r *Report) WriteText(w io.Writer) {
 	fmt.Fprintln(tw, "round\tscenario\ttarget\trequests\treq/s\tp50\tp90\tp99\tmax\terrors\tcore CPU/req\tgen CPU/req\tPG+rest CPU/req\t")
 	for _, p := range r.Phases {
 		fmt.Fprintf(tw, "%d\t%s\t%s\t%d\t%.0f\t%s\t%s\t%s\t%s\t%d\t%s\t%s\t%s\t\n", p.Round, p.Scenario, p.Target, p.Requests, p.RPS,
-			fmtDur(p.P50), fmtDur(p.P90), fmtDur(p.P99), fmtDur(p.Max), p.Errors, coreCPU(p.Target, p.CoreCPU), fmtCPU(p.GenCPU), fmtCPU(p.RestCPU))
+			runinfo.Latency(p.P50), runinfo.Latency(p.P90), runinfo.Latency(p.P99), runinfo.Latency(p.Max), p.Errors, coreCPU(p.Target, p.CoreCPU), fmtCPU(p.GenCPU), fmtCPU(p.RestCPU))
 	}
 	for _, s := range r.Summaries {
 		fmt.Fprintf(tw, "median\t%s\t%s\t%d\t%.0f\t%s\t\t%s\t\t%d\t%s\t%s\t%s\t\n", s.Scenario, s.Target, s.Requests, s.RPS,
-			fmtDur(s.P50), fmtDur(s.P99), s.Errors, coreCPU(s.Target, s.CoreCPU), fmtCPU(s.GenCPU), fmtCPU(s.RestCPU))
+			runinfo.Latency(s.P50), runinfo.Latency(s.P99), s.Errors, coreCPU(s.Target, s.CoreCPU), fmtCPU(s.GenCPU), fmtCPU(s.RestCPU))
 	}
 	tw.Flush()
 	fmt.Fprintln(w)
@@ -223,7 +210,7 @@ func (r *Report) Markdown() string {
 	b.WriteString("| scenario | target | requests | req/s | p50 | p99 | errors | core CPU/req | generator CPU/req | PostgreSQL + rest CPU/req |\n|---|---|--:|--:|--:|--:|--:|--:|--:|--:|\n")
 	for _, s := range r.Summaries {
 		fmt.Fprintf(&b, "| %s | %s | %d | %.0f | %s | %s | %d | %s | %s | %s |\n", scenarioText[s.Scenario], s.Target, s.Requests, s.RPS,
-			fmtDur(s.P50), fmtDur(s.P99), s.Errors, coreCPU(s.Target, s.CoreCPU), fmtCPU(s.GenCPU), fmtCPU(s.RestCPU))
+			runinfo.Latency(s.P50), runinfo.Latency(s.P99), s.Errors, coreCPU(s.Target, s.CoreCPU), fmtCPU(s.GenCPU), fmtCPU(s.RestCPU))
 	}
 	b.WriteString("\n| scenario | throughput core/baseline | paired per round (median) | p99 core/baseline | aim | verdict |\n|---|--:|--:|--:|---|---|\n")
 	for _, x := range r.Ratios {
@@ -240,7 +227,7 @@ func (r *Report) Markdown() string {
 	b.WriteString("\n## Rounds\n\n| round | scenario | target | requests | req/s | p50 | p90 | p99 | max | errors | core CPU/req | generator CPU/req | PostgreSQL + rest CPU/req |\n|--:|---|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|\n")
 	for _, p := range r.Phases {
 		fmt.Fprintf(&b, "| %d | %s | %s | %d | %.0f | %s | %s | %s | %s | %d | %s | %s | %s |\n", p.Round, p.Scenario, p.Target, p.Requests, p.RPS,
-			fmtDur(p.P50), fmtDur(p.P90), fmtDur(p.P99), fmtDur(p.Max), p.Errors, coreCPU(p.Target, p.CoreCPU), fmtCPU(p.GenCPU), fmtCPU(p.RestCPU))
+			runinfo.Latency(p.P50), runinfo.Latency(p.P90), runinfo.Latency(p.P99), runinfo.Latency(p.Max), p.Errors, coreCPU(p.Target, p.CoreCPU), fmtCPU(p.GenCPU), fmtCPU(p.RestCPU))
 	}
 	for _, p := range r.Phases {
 		if p.FirstErr != "" {

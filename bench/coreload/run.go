@@ -122,7 +122,7 @@ func Run(ctx context.Context, cfg Config, stdout, stderr io.Writer) (rep *Report
 				res.Round, res.Scenario = round, sc.name
 				rep.Phases = append(rep.Phases, res)
 				logf("round %d %-4s %-8s %7.0f req/s  p50 %s  p99 %s  errors %d  CPU/req core %s, generator %s, PostgreSQL+rest %s",
-					round, sc.name, t.name(), res.RPS, fmtDur(res.P50), fmtDur(res.P99), res.Errors,
+					round, sc.name, t.name(), res.RPS, runinfo.Latency(res.P50), runinfo.Latency(res.P99), res.Errors,
 					coreCPU(res.Target, res.CoreCPU), fmtCPU(res.GenCPU), fmtCPU(res.RestCPU))
 				if res.Errors > 0 {
 					logf("round %d %s %s: first error: %s", round, sc.name, t.name(), res.FirstErr)

@@ -74,6 +74,19 @@ func Verdict(ok bool) string {
 	return "FAIL"
 }
 
+// Latency prints a latency with three significant digits: 850µs, 4.41ms, 12.1ms, 122ms.
+func Latency(d time.Duration) string {
+	switch {
+	case d < time.Millisecond:
+		return fmt.Sprintf("%.0fµs", float64(d)/1e3)
+	case d < 10*time.Millisecond:
+		return fmt.Sprintf("%.2fms", float64(d)/1e6)
+	case d < 100*time.Millisecond:
+		return fmt.Sprintf("%.1fms", float64(d)/1e6)
+	}
+	return fmt.Sprintf("%.0fms", float64(d)/1e6)
+}
+
 // Command returns the shell command that reproduces a run of `bench <sub> args...`,
 // building the binaries first.
 func Command(sub string, args []string) string {
