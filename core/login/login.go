@@ -89,12 +89,19 @@ type Options struct {
 	// PasswordParams hash new passwords and the stand-in hash that unknown accounts are
 	// checked against (zero: passwords.Default).
 	PasswordParams passwords.Params
+	// PurgeInterval is how often expired sessions and reset tokens are deleted
+	// (DefaultPurgeInterval when zero).
+	PurgeInterval time.Duration
 	// Now is the clock (time.Now when nil).
 	Now    func() time.Time
 	Logger *slog.Logger
 }
 
-// Pages serves the login pages. Close stops its mail sender.
+// DefaultPurgeInterval is how often the pages delete expired sessions and reset tokens.
+const DefaultPurgeInterval = 10 * time.Minute
+
+// Pages serves the login pages. Close stops its mail sender and its purge of expired
+// sessions.
 type Pages struct {
 	Options
 	views *html.Engine
@@ -146,6 +153,9 @@ func New(o Options) (*Pages, error) {
 	if o.PasswordParams == (passwords.Params{}) {
 		o.PasswordParams = passwords.Default
 	}
+	if o.PurgeInterval <= 0 {
+		o.PurgeInterval = DefaultPurgeInterval
+	}
 	if o.Now == nil {
 		o.Now = time.Now
 	}
@@ -178,13 +188,39 @@ func New(o Options) (*Pages, error) {
 		outbox:    make(chan mail.Message, outboxSize),
 		done:      make(chan struct{}),
 	}
-	p.sent.Add(1)
+	p.sent.Add(2)
 	go p.sendMail()
+	go p.purge()
 	return p, nil
 }
 
-// Close stops the mail sender after the emails already queued, waiting for them at
-// most ten seconds.
+// purge deletes expired sessions and reset tokens every PurgeInterval until Close, so
+// that rows of users who never come back do not stay forever.
+func (p *Pages) purge() {
+	defer p.sent.Done()
+	t := time.NewTicker(p.PurgeInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-p.done:
+			return
+		case <-t.C:
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			sessions, resets, err := p.Store.PurgeLogins(ctx, p.Now(), p.IdleTimeout)
+			cancel()
+			if err != nil {
+				p.Logger.Warn("login: deleting expired sessions failed", "error", err)
+				continue
+			}
+			if sessions+resets > 0 {
+				p.Logger.Debug("login: deleted expired sessions and reset tokens", "sessions", sessions, "reset_tokens", resets)
+			}
+		}
+	}
+}
+
+// Close stops the purge and the mail sender after the emails already queued, waiting
+// for them at most ten seconds.
 func (p *Pages) Close() {
 	p.closeOnce.Do(func() {
 		close(p.done)

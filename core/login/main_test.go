@@ -138,6 +138,7 @@ type envOptions struct {
 	limiter      login.Limiter
 	idle, maxAge time.Duration
 	publicURL    string
+	purge        time.Duration // PurgeInterval (zero: the default)
 }
 
 func newEnv(t *testing.T, o envOptions) *env {
@@ -177,7 +178,7 @@ func newEnv(t *testing.T, o envOptions) *env {
 	proxies, _ := clientip.Parse("127.0.0.1")
 	pages, err := login.New(login.Options{Store: st, Sealer: sealer, Limiter: e.limiter, Mailer: e.mails,
 		ClientIP: proxies, PublicURL: public, IdleTimeout: o.idle, MaxAge: o.maxAge, PasswordParams: cheap,
-		Now: clk.now, Logger: quietLogger()})
+		PurgeInterval: o.purge, Now: clk.now, Logger: quietLogger()})
 	if err != nil {
 		t.Fatal(err)
 	}

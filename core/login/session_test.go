@@ -75,6 +75,32 @@ func TestSessionExpiry(t *testing.T) {
 	}
 }
 
+// Sessions of users who never come back are deleted by the purge, not only when used.
+func TestExpiredSessionsArePurged(t *testing.T) {
+	e := newEnv(t, envOptions{idle: 30 * time.Minute, maxAge: 2 * time.Hour, purge: 20 * time.Millisecond})
+	e.admin("gone@example.com", "gone-password-1", false)
+	expect(t, "login", e.browser("192.0.2.110").login("gone@example.com", "gone-password-1"), 303, "/admin")
+	count := func() int {
+		var n int
+		if err := e.pool.QueryRow(context.Background(), `SELECT count(*) FROM sessions`).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	time.Sleep(100 * time.Millisecond) // several purges
+	if n := count(); n != 1 {
+		t.Fatalf("%d sessions before any expired, want the live one kept", n)
+	}
+	e.clock.advance(31 * time.Minute)
+	deadline := time.Now().Add(5 * time.Second)
+	for count() != 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("the idle session was not purged within 5 s")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
 func TestLogout(t *testing.T) {
 	e := newEnv(t, envOptions{})
 	e.admin("sybil@example.com", "sybil-password1", false)

@@ -152,6 +152,23 @@ func (s *Store) TouchSession(ctx context.Context, idHash []byte, now time.Time, 
 	return sess, err
 }
 
+// PurgeLogins deletes what can no longer be used at now: sessions past their absolute
+// expiry or idle for idle or longer, and password reset tokens past their expiry (used
+// ones included). It returns how many of each it deleted.
+func (s *Store) PurgeLogins(ctx context.Context, now time.Time, idle time.Duration) (sessions, resets int64, err error) {
+	tag, err := s.pool.Exec(ctx, `DELETE FROM sessions
+		WHERE expires_at <= $1 OR last_seen_at <= $1 - $2::bigint * interval '1 microsecond'`, now, idle.Microseconds())
+	if err != nil {
+		return 0, 0, err
+	}
+	sessions = tag.RowsAffected()
+	tag, err = s.pool.Exec(ctx, `DELETE FROM password_resets WHERE expires_at <= $1`, now)
+	if err != nil {
+		return sessions, 0, err
+	}
+	return sessions, tag.RowsAffected(), nil
+}
+
 // DeleteSession deletes a session (logout). A missing one is no error.
 func (s *Store) DeleteSession(ctx context.Context, idHash []byte) error {
 	_, err := s.pool.Exec(ctx, `DELETE FROM sessions WHERE id_hash = $1`, idHash)

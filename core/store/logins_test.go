@@ -277,3 +277,43 @@ func TestCreateTenantUser(t *testing.T) {
 		t.Fatalf("an unknown user: %v", err)
 	}
 }
+
+func TestPurgeLogins(t *testing.T) {
+	e := newManageEnv(t)
+	u := e.adminUser("purge@example.com")
+	t0 := time.Now().Truncate(time.Second)
+	expired := e.session(store.KindAdmin, u.ID, t0, time.Minute)
+	idle := e.session(store.KindAdmin, u.ID, t0, 2*time.Hour)
+	live := e.session(store.KindAdmin, u.ID, t0, 2*time.Hour)
+	now := t0.Add(40 * time.Minute)
+	if _, err := e.st.TouchSession(e.ctx, live, t0.Add(29*time.Minute), 30*time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	for i, exp := range []time.Time{t0.Add(10 * time.Minute), now.Add(time.Hour)} {
+		if err := e.st.CreatePasswordReset(e.ctx, store.KindAdmin, u.ID, credentials.Hash(fmt.Sprint("reset-", i)), exp); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	sessions, resets, err := e.st.PurgeLogins(e.ctx, now, 30*time.Minute)
+	if err != nil || sessions != 2 || resets != 1 {
+		t.Fatalf("purged %d sessions and %d resets (%v), want 2 and 1", sessions, resets, err)
+	}
+	if n := e.countSessions(store.KindAdmin, u.ID); n != 1 {
+		t.Fatalf("%d sessions left, want the live one", n)
+	}
+	for _, h := range [][]byte{expired, idle} {
+		if _, err := e.st.TouchSession(e.ctx, h, t0, 30*time.Minute); !errors.Is(err, store.ErrNotFound) {
+			t.Fatalf("a purged session is still there: %v", err)
+		}
+	}
+	if _, err := e.st.TouchSession(e.ctx, live, now, 30*time.Minute); err != nil {
+		t.Fatalf("the live session was purged: %v", err)
+	}
+	if _, err := e.st.PasswordResetUser(e.ctx, credentials.Hash("reset-1"), store.KindAdmin, now); err != nil {
+		t.Fatalf("the live reset token was purged: %v", err)
+	}
+	if sessions, resets, err := e.st.PurgeLogins(e.ctx, now, 30*time.Minute); err != nil || sessions != 0 || resets != 0 {
+		t.Fatalf("a second purge deleted %d and %d (%v)", sessions, resets, err)
+	}
+}
