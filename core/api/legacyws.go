@@ -31,7 +31,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"runtime/debug"
 	"strings"
 	"sync"
@@ -452,7 +451,7 @@ func (lc *legacyConn) readLoop() {
 				st.stop(websocket.CloseNormalClosure, "", false)
 			case errors.Is(err, websocket.ErrReadLimit):
 				// The library sent the close frame already.
-				lc.refuse(websocket.CloseMessageTooBig, "message too big", false)
+				lc.st.refuse(websocket.CloseMessageTooBig, "message too big", false)
 			default:
 				st.stop(websocket.CloseAbnormalClosure, "", false)
 			}
@@ -461,7 +460,7 @@ func (lc *legacyConn) readLoop() {
 		alive()
 		m, ok := lc.inbound(typ, data, time.Now())
 		if !ok {
-			lc.refuse(closePolicy, "rate limit exceeded", true)
+			lc.st.refuse(closePolicy, "rate limit exceeded", true)
 			return
 		}
 		select {
@@ -470,20 +469,6 @@ func (lc *legacyConn) readLoop() {
 			return
 		}
 	}
-}
-
-// refuse ends the connection from the reader for a client that broke a bound: it sends
-// the close frame (unless the library did), then reads and drops what the client still
-// sends until it closes its side, for at most streamCloseWait, so that closing the
-// socket with unread bytes does not reset the connection under the close frame.
-func (lc *legacyConn) refuse(code int, text string, sendFrame bool) {
-	ws := lc.st.ws
-	if sendFrame {
-		_ = ws.WriteControl(websocket.CloseMessage, websocket.FormatCloseMessage(code, text), time.Now().Add(streamCloseWait))
-	}
-	_ = ws.NetConn().SetReadDeadline(time.Now().Add(streamCloseWait))
-	_, _ = io.Copy(io.Discard, ws.NetConn())
-	lc.st.stop(code, text, false)
 }
 
 // inbound decodes one frame of the client, after the rate bound; false when the client

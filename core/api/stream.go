@@ -15,6 +15,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"runtime/debug"
 	"strconv"
@@ -399,7 +400,8 @@ func (st *stream) readLoop() {
 				// The library answered the client's close frame already.
 				st.stop(websocket.CloseNormalClosure, "", false)
 			case errors.Is(err, websocket.ErrReadLimit):
-				st.stop(websocket.CloseMessageTooBig, "message too big", true)
+				// The library sent the close frame already.
+				st.refuse(websocket.CloseMessageTooBig, "message too big", false)
 			default:
 				st.stop(websocket.CloseAbnormalClosure, "", false)
 			}
@@ -407,6 +409,20 @@ func (st *stream) readLoop() {
 		}
 		alive()
 	}
+}
+
+// refuse ends the connection from the reader for a client that broke a bound: it sends
+// the close frame (unless the library did), then reads and drops what the client still
+// sends until it closes its side, for at most streamCloseWait, so that closing the
+// socket with unread bytes does not reset the connection under the close frame.
+func (st *stream) refuse(code int, text string, sendFrame bool) {
+	ws := st.ws
+	if sendFrame {
+		_ = ws.WriteControl(websocket.CloseMessage, websocket.FormatCloseMessage(code, text), time.Now().Add(streamCloseWait))
+	}
+	_ = ws.NetConn().SetReadDeadline(time.Now().Add(streamCloseWait))
+	_, _ = io.Copy(io.Discard, ws.NetConn())
+	st.stop(code, text, false)
 }
 
 // keepAlive gives the reader streamReadTimeout from now, and again after every pong or
