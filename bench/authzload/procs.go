@@ -40,7 +40,7 @@ func startSidecar(ctx context.Context, bin, databaseURL, verifyKey string, log i
 		if err != nil {
 			return nil, "", "", err
 		}
-		err = procs.WaitReady(ctx, p, "http://"+httpAddr+"/readyz")
+		err = procs.WaitReady(ctx, p, "http://"+httpAddr+"/readyz", nil)
 		if err == nil {
 			return p, grpcAddr, httpAddr, nil
 		}

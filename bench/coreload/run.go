@@ -265,7 +265,7 @@ func startCore(ctx context.Context, bin, dbURL, encKey string, seed SeedData, lo
 		if err != nil {
 			return nil, "", err
 		}
-		err = waitReady(ctx, p, base+"/api/v1/conversations/"+seed.Hot, seed.APIKey)
+		err = procs.WaitReady(ctx, p, base+"/api/v1/conversations/"+seed.Hot, http.Header{"X-Api-Key": {seed.APIKey}})
 		if err == nil {
 			return p, base, nil
 		}
@@ -276,40 +276,6 @@ func startCore(ctx context.Context, bin, dbURL, encKey string, seed SeedData, lo
 		lastErr = err // the port was taken in between: try another
 	}
 	return nil, "", lastErr
-}
-
-// waitReady polls a tenant API URL until it answers 200, the process exits, or 30
-// seconds pass.
-func waitReady(ctx context.Context, p *procs.Proc, url, apiKey string) error {
-	client := &http.Client{Timeout: time.Second}
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
-		if err != nil {
-			return err
-		}
-		req.Header.Set("x-api-key", apiKey)
-		resp, err := client.Do(req)
-		if err == nil {
-			_, _ = io.Copy(io.Discard, resp.Body)
-			resp.Body.Close()
-			if resp.StatusCode == http.StatusOK {
-				return nil
-			}
-			err = fmt.Errorf("status %s", resp.Status)
-		}
-		if perr := p.Exited(); perr != nil {
-			return perr
-		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("the core is not ready after 30s (%v); its last output:\n%s", err, p.Out.Tail())
-		}
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(50 * time.Millisecond):
-		}
-	}
 }
 
 // FindBinary resolves the binary named by the -core flag: absolute, or relative to the

@@ -149,14 +149,21 @@ func SidecarEnv() []string {
 	return env
 }
 
-// WaitReady polls url until it answers 200, the process exits, or 20 seconds pass.
-func WaitReady(ctx context.Context, p *Proc, url string) error {
+// readyWait is how long WaitReady waits for a process to answer.
+const readyWait = 30 * time.Second
+
+// WaitReady polls url, with header (nil for none), until it answers 200, the process
+// exits, or readyWait passes.
+func WaitReady(ctx context.Context, p *Proc, url string, header http.Header) error {
 	client := &http.Client{Timeout: time.Second}
-	deadline := time.Now().Add(20 * time.Second)
+	deadline := time.Now().Add(readyWait)
 	for {
 		req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
 		if err != nil {
 			return err
+		}
+		for k, v := range header {
+			req.Header[k] = v
 		}
 		resp, err := client.Do(req)
 		if err == nil {
@@ -171,7 +178,7 @@ func WaitReady(ctx context.Context, p *Proc, url string) error {
 			return perr
 		}
 		if time.Now().After(deadline) {
-			return fmt.Errorf("the %s is not ready after 20s (%s: %v); its last output:\n%s", p.Name, url, err, p.Out.Tail())
+			return fmt.Errorf("the %s is not ready after %v (%s: %v); its last output:\n%s", p.Name, readyWait, url, err, p.Out.Tail())
 		}
 		select {
 		case <-ctx.Done():

@@ -84,11 +84,11 @@ limits:
 `
 
 // startSidecar starts the real sidecar in this process on addr (127.0.0.1:0 for any
-// port) over the core's database.
-func startSidecar(t *testing.T, dbURL, addr string) *service.Sidecar {
+// port) over the core's database, with the limits document limits.
+func startSidecar(t *testing.T, dbURL, addr, limits string) *service.Sidecar {
 	t.Helper()
 	path := filepath.Join(t.TempDir(), "limits.yaml")
-	if err := os.WriteFile(path, []byte(limitsYAML), 0o600); err != nil {
+	if err := os.WriteFile(path, []byte(limits), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	env := map[string]string{
@@ -254,7 +254,7 @@ func assert429(t *testing.T, r response, requestID string) {
 // the sidecar's 401, and the client IP reaches the sidecar as the source address.
 func TestRateLimits(t *testing.T) {
 	dbURL := pgserver.NewTestDatabase(t, migrations.Up)
-	sc := startSidecar(t, dbURL, "127.0.0.1:0")
+	sc := startSidecar(t, dbURL, "127.0.0.1:0", limitsYAML)
 	var logs logBuffer
 	checker := newChecker(t, sc.GRPCAddr.String(), logs.logger())
 	c := startCore(t, dbURL, checker)
@@ -343,7 +343,7 @@ func TestRateLimits(t *testing.T) {
 // failure_mode_allow: true), with one warning for the outage and a note when it ends.
 func TestFailOpen(t *testing.T) {
 	dbURL := pgserver.NewTestDatabase(t, migrations.Up)
-	sc := startSidecar(t, dbURL, "127.0.0.1:0")
+	sc := startSidecar(t, dbURL, "127.0.0.1:0", limitsYAML)
 	addr := sc.GRPCAddr.String()
 	var logs logBuffer
 	checker := newChecker(t, addr, logs.logger())
@@ -383,7 +383,7 @@ func TestFailOpen(t *testing.T) {
 
 	// Back: a sidecar on the same address is asked again once gRPC has reconnected
 	// (its backoff after a few failures is a few seconds).
-	startSidecar(t, dbURL, addr)
+	startSidecar(t, dbURL, addr, limitsYAML)
 	deadline := time.Now().Add(20 * time.Second)
 	for {
 		r := c.do("POST", path, `{"type":"message","text":"x"}`, badKey)

@@ -4,8 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"os"
-	"path/filepath"
 	"testing"
 	"time"
 
@@ -13,8 +11,6 @@ import (
 	"github.com/converger/edge/core/migrations"
 	"github.com/converger/edge/core/store"
 	"github.com/converger/edge/shared/pgserver"
-	"github.com/converger/edge/sidecar/config"
-	"github.com/converger/edge/sidecar/service"
 )
 
 // inboundLimitsYAML gives the inbound bucket a budget of 5 per channel id, in an
@@ -24,31 +20,6 @@ const inboundLimitsYAML = `database_wait_ms: 5000
 limits:
   inbound: {limit: 5, window: 1h}
 `
-
-// startInboundSidecar starts the real sidecar in this process with inboundLimitsYAML.
-func startInboundSidecar(t *testing.T, dbURL string) *service.Sidecar {
-	t.Helper()
-	path := filepath.Join(t.TempDir(), "limits.yaml")
-	if err := os.WriteFile(path, []byte(inboundLimitsYAML), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	env := map[string]string{
-		"SIDECAR_GRPC_ADDR": "127.0.0.1:0",
-		"SIDECAR_HTTP_ADDR": "127.0.0.1:0",
-		"DATABASE_URL":      dbURL,
-		"RATE_LIMIT_CONFIG": path,
-	}
-	cfg, err := config.Load(func(k string) string { return env[k] })
-	if err != nil {
-		t.Fatal(err)
-	}
-	sc, err := service.Start(cfg, service.Options{Logger: quietLogger()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(sc.Stop)
-	return sc
-}
 
 // webhookChannel creates a tenant with a webhook channel.
 func (c *core) webhookChannel() (store.Channel, string) {
@@ -72,7 +43,7 @@ func (c *core) webhookChannel() (store.Channel, string) {
 // signed delivery goes through.
 func TestInboundBudgetIsCountedBeforeTheSignature(t *testing.T) {
 	dbURL := pgserver.NewTestDatabase(t, migrations.Up)
-	sc := startInboundSidecar(t, dbURL)
+	sc := startSidecar(t, dbURL, "127.0.0.1:0", inboundLimitsYAML)
 	c := startCore(t, dbURL, newChecker(t, sc.GRPCAddr.String(), quietLogger()))
 	body := `{"text":"hello","idempotency_key":"wamid.1"}`
 
