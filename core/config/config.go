@@ -35,7 +35,7 @@ type Config struct {
 	Sealer      *credentials.Sealer // ENCRYPTION_KEY
 	LimiterAddr string              // LIMITER_ADDR
 	AuthzAddr   string              // AUTHZ_ADDR
-	// TrustedProxies resolves client addresses (TRUSTED_PROXIES), as the sidecar does.
+	// TrustedProxies resolves and canonicalises client addresses (TRUSTED_PROXIES, CLIENT_IPV6_PREFIX), as the sidecar does.
 	TrustedProxies *clientip.Resolver
 	Limits         activity.Limits // ACTIVITY_MAX_*
 	MaxUploadBytes int             // UPLOAD_MAX_BYTES
@@ -106,8 +106,8 @@ func Load(getenv func(string) string) (*Config, error) {
 			return nil, fmt.Errorf("ENCRYPTION_KEY: %w", err)
 		}
 	}
-	if c.TrustedProxies, err = clientip.Parse(getenv("TRUSTED_PROXIES")); err != nil {
-		return nil, fmt.Errorf("TRUSTED_PROXIES: %w", err)
+	if c.TrustedProxies, err = clientip.Load(getenv); err != nil {
+		return nil, err
 	}
 	for _, n := range []struct {
 		name string

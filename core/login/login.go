@@ -455,13 +455,14 @@ func validToken(s string) bool {
 // hashToken is how session ids and reset tokens are stored.
 func hashToken(s string) []byte { return credentials.Hash(s) }
 
-// clientIP is the request's client address as the sidecar resolves it.
+// clientIP is the request's counted client address as the sidecar resolves and
+// canonicalises it (an IPv6 client per prefix).
 func (p *Pages) clientIP(c *fiber.Ctx) string {
-	a, ok := p.ClientIP.Resolve(c.Context().RemoteAddr().String(), c.Get("x-forwarded-for"))
+	k, ok := p.ClientIP.ClientKey(c.Context().RemoteAddr().String(), c.Get("x-forwarded-for"))
 	if !ok {
 		return "unknown"
 	}
-	return a.String()
+	return k
 }
 
 // limiterContext bounds a call to the Limiter.

@@ -1,19 +1,90 @@
 // Package clientip finds a request's client address from the proxy's source address and
-// the x-forwarded-for header, trusting only the hops listed in TRUSTED_PROXIES.
+// the x-forwarded-for header, trusting only the hops listed in TRUSTED_PROXIES, and
+// canonicalises it into the identity that is counted: IPv4 per address (IPv4-mapped
+// IPv6 as IPv4), IPv6 per prefix (CLIENT_IPV6_PREFIX, /64 by default), so that one host
+// cannot spread its attempts over the 2^64 addresses of its network.
 package clientip
 
 import (
 	"fmt"
 	"net/netip"
+	"strconv"
 	"strings"
 )
 
 // maxHops bounds how many x-forwarded-for entries are walked.
 const maxHops = 64
 
-// Resolver resolves client addresses. The zero value trusts no proxy.
+// DefaultIPv6Prefix is the prefix length IPv6 clients are counted per: a /64 is what a
+// single site (one home, one VM) is usually given, so every address in it is one client.
+const DefaultIPv6Prefix = 64
+
+// MinIPv6Prefix is the shortest prefix CLIENT_IPV6_PREFIX accepts.
+const MinIPv6Prefix = 32
+
+// Resolver resolves client addresses. The zero value trusts no proxy and counts IPv6
+// clients per DefaultIPv6Prefix.
 type Resolver struct {
 	trusted []netip.Prefix
+	// v6Bits is the IPv6 prefix length of Key; 0 means DefaultIPv6Prefix.
+	v6Bits int
+}
+
+// ParseIPv6Prefix reads a CLIENT_IPV6_PREFIX value: a prefix length from MinIPv6Prefix
+// to 128, with or without a leading "/"; empty means DefaultIPv6Prefix.
+func ParseIPv6Prefix(s string) (int, error) {
+	s = strings.TrimPrefix(strings.TrimSpace(s), "/")
+	if s == "" {
+		return DefaultIPv6Prefix, nil
+	}
+	n, err := strconv.Atoi(s)
+	if err != nil || n < MinIPv6Prefix || n > 128 {
+		return 0, fmt.Errorf("%q: must be a prefix length from %d to 128, such as 64", s, MinIPv6Prefix)
+	}
+	return n, nil
+}
+
+// SetIPv6Prefix sets the prefix length IPv6 clients are counted per (see
+// ParseIPv6Prefix); it returns r.
+func (r *Resolver) SetIPv6Prefix(bits int) *Resolver {
+	r.v6Bits = bits
+	return r
+}
+
+// IPv6Prefix returns the prefix length IPv6 clients are counted per.
+func (r *Resolver) IPv6Prefix() int {
+	if r == nil || r.v6Bits == 0 {
+		return DefaultIPv6Prefix
+	}
+	return r.v6Bits
+}
+
+// Key is the counted identity of a client address: an IPv4 address as itself (an
+// IPv4-mapped IPv6 address as the IPv4 one), an IPv6 address as its prefix of
+// IPv6Prefix bits in canonical form ("2001:db8:1:2::/64"; the address itself at 128),
+// so that every spelling of one client, and every address of one IPv6 network, shares
+// one counter.
+func (r *Resolver) Key(a netip.Addr) string {
+	a = a.Unmap().WithZone("")
+	if !a.Is6() {
+		return a.String()
+	}
+	bits := r.IPv6Prefix()
+	if bits >= 128 {
+		return a.String()
+	}
+	p, _ := a.Prefix(bits)
+	return p.String()
+}
+
+// ClientKey resolves a request's client (Resolve) and returns its Key; ok is false when
+// source is not an address.
+func (r *Resolver) ClientKey(source, xff string) (key string, ok bool) {
+	a, ok := r.Resolve(source, xff)
+	if !ok {
+		return "", false
+	}
+	return r.Key(a), true
 }
 
 // Parse reads a TRUSTED_PROXIES value: CIDRs or single addresses, separated by commas
@@ -123,4 +194,18 @@ func isPort(s string) bool {
 		}
 	}
 	return true
+}
+
+// Load reads TRUSTED_PROXIES and CLIENT_IPV6_PREFIX through getenv, the two variables
+// both programs resolve and count clients with; an error names the variable.
+func Load(getenv func(string) string) (*Resolver, error) {
+	r, err := Parse(getenv("TRUSTED_PROXIES"))
+	if err != nil {
+		return nil, fmt.Errorf("TRUSTED_PROXIES: %w", err)
+	}
+	bits, err := ParseIPv6Prefix(getenv("CLIENT_IPV6_PREFIX"))
+	if err != nil {
+		return nil, fmt.Errorf("CLIENT_IPV6_PREFIX=%w", err)
+	}
+	return r.SetIPv6Prefix(bits), nil
 }

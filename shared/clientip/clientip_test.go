@@ -1,6 +1,7 @@
 package clientip
 
 import (
+	"net/netip"
 	"strings"
 	"testing"
 )
@@ -103,5 +104,64 @@ func TestResolveBoundsTheWalk(t *testing.T) {
 	a, ok := r.Resolve("10.0.0.2", xff)
 	if !ok || a.String() != "10.0.0.1" {
 		t.Fatalf("huge header: %v %v; want the last trusted hop walked", a, ok)
+	}
+}
+
+func TestKey(t *testing.T) {
+	r := &Resolver{}
+	for in, want := range map[string]string{
+		"192.0.2.1":                               "192.0.2.1",
+		"::ffff:192.0.2.1":                        "192.0.2.1",
+		"2001:db8:1:2:3:4:5:6":                    "2001:db8:1:2::/64",
+		"2001:0DB8:0001:0002::ffff":               "2001:db8:1:2::/64",
+		"fe80::1%eth0":                            "fe80::/64",
+		"2001:db8:1:3::1":                         "2001:db8:1:3::/64",
+		"ffff:ffff:ffff:ffff:ffff:ffff:ffff:ffff": "ffff:ffff:ffff:ffff::/64",
+	} {
+		a, ok := ParseHost(in)
+		if !ok {
+			a = mustAddr(t, in)
+		}
+		if got := r.Key(a); got != want {
+			t.Errorf("Key(%s) = %s, want %s", in, got, want)
+		}
+	}
+	a, _ := ParseHost("2001:db8:1:2:3:4:5:6")
+	if got := (&Resolver{}).SetIPv6Prefix(48).Key(a); got != "2001:db8:1::/48" {
+		t.Errorf("/48: %s", got)
+	}
+	if got := (&Resolver{}).SetIPv6Prefix(128).Key(a); got != "2001:db8:1:2:3:4:5:6" {
+		t.Errorf("/128: %s", got)
+	}
+	if k, ok := r.ClientKey("[2001:db8::9]:443", ""); !ok || k != "2001:db8::/64" {
+		t.Errorf("ClientKey = %q, %v", k, ok)
+	}
+}
+
+func mustAddr(t *testing.T, s string) netip.Addr {
+	t.Helper()
+	a, err := netip.ParseAddr(s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return a
+}
+
+func TestLoad(t *testing.T) {
+	env := func(m map[string]string) func(string) string { return func(k string) string { return m[k] } }
+	r, err := Load(env(nil))
+	if err != nil || r.IPv6Prefix() != 64 {
+		t.Fatalf("defaults: %v %v", r, err)
+	}
+	if r, err = Load(env(map[string]string{"CLIENT_IPV6_PREFIX": "/56"})); err != nil || r.IPv6Prefix() != 56 {
+		t.Fatalf("/56: %v %v", r, err)
+	}
+	for _, bad := range []string{"0", "31", "129", "x", "64/"} {
+		if _, err := Load(env(map[string]string{"CLIENT_IPV6_PREFIX": bad})); err == nil || !strings.Contains(err.Error(), "CLIENT_IPV6_PREFIX") {
+			t.Errorf("CLIENT_IPV6_PREFIX=%s: %v", bad, err)
+		}
+	}
+	if _, err := Load(env(map[string]string{"TRUSTED_PROXIES": "nonsense"})); err == nil || !strings.Contains(err.Error(), "TRUSTED_PROXIES") {
+		t.Errorf("TRUSTED_PROXIES: %v", err)
 	}
 }

@@ -39,7 +39,7 @@ type Config struct {
 	// ClockOffset shifts the sidecar's wall clock (SIDECAR_TEST_CLOCK_OFFSET_MS): a test
 	// hook for a node whose clock is off.
 	ClockOffset time.Duration
-	// TrustedProxies resolves client addresses (TRUSTED_PROXIES).
+	// TrustedProxies resolves and canonicalises client addresses (TRUSTED_PROXIES, CLIENT_IPV6_PREFIX).
 	TrustedProxies *clientip.Resolver
 	// Verifier checks Converger tokens (TOKEN_VERIFY_KEYS); nil rejects every token.
 	Verifier  *token.Verifier
@@ -115,8 +115,8 @@ func Load(getenv func(string) string) (*Config, error) {
 	}
 
 	var err error
-	if c.TrustedProxies, err = clientip.Parse(getenv("TRUSTED_PROXIES")); err != nil {
-		return nil, fmt.Errorf("TRUSTED_PROXIES: %w", err)
+	if c.TrustedProxies, err = clientip.Load(getenv); err != nil {
+		return nil, err
 	}
 	if v := getenv("TOKEN_VERIFY_KEYS"); strings.TrimSpace(v) != "" {
 		if c.Verifier, err = token.ParseVerifyKeys(v); err != nil {
