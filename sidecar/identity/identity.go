@@ -10,6 +10,7 @@ import (
 	"github.com/converger/edge/shared/apierror"
 	"github.com/converger/edge/shared/buckets"
 	"github.com/converger/edge/shared/clientip"
+	"github.com/converger/edge/shared/ids"
 	"github.com/converger/edge/sidecar/routes"
 	"github.com/converger/edge/sidecar/tenants"
 )
@@ -82,10 +83,10 @@ func (r *Resolver) Identify(s routes.Step, req *Request) (Identity, *apierror.Er
 	case routes.FromIP:
 		return Identity{ID: r.ClientIP(req)}, nil
 	case routes.FromPath:
-		id := boundID(req.ChannelID)
+		id := canonicalID(req.ChannelID)
 		var tenant string
 		if r.dir != nil {
-			tenant, _ = r.dir.ChannelTenant(req.ChannelID)
+			tenant, _ = r.dir.ChannelTenant(id)
 		}
 		return Identity{ID: id, TenantID: tenant}, nil
 	case routes.FromToken:
@@ -155,13 +156,14 @@ func (r *Resolver) channel(cred string, lookup func(string) (tenants.Channel, te
 	return Identity{ID: c.ID, TenantID: c.TenantID}, nil
 }
 
-// ClientIP returns the request's client address, or UnknownIP.
+// ClientIP returns the request's counted client address (clientip.Resolver.Key: IPv4
+// per address, IPv6 per prefix), or UnknownIP.
 func (r *Resolver) ClientIP(req *Request) string {
-	a, ok := r.ips.Resolve(req.Source, req.Header("x-forwarded-for"))
+	k, ok := r.ips.ClientKey(req.Source, req.Header("x-forwarded-for"))
 	if !ok {
 		return UnknownIP
 	}
-	return a.String()
+	return k
 }
 
 // unverified is the identity of a credential that could not be looked up (no database,
@@ -170,6 +172,16 @@ func (r *Resolver) ClientIP(req *Request) string {
 func unverified(cred string) Identity {
 	sum := sha256.Sum256([]byte(cred))
 	return Identity{ID: "unverified:" + hex.EncodeToString(sum[:16])}
+}
+
+// canonicalID is the counted form of an id taken from a request's path: a UUID in
+// lower case, as the core looks it up (so every spelling of one channel shares one
+// counter); anything else as sent, or its hash when it is too long to keep.
+func canonicalID(id string) string {
+	if ids.IsUUID(id) {
+		return strings.ToLower(id)
+	}
+	return boundID(id)
 }
 
 // boundID returns a raw id from a request, or its hash when it is too long to keep.

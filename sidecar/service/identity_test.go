@@ -2,6 +2,8 @@ package service_test
 
 import (
 	"context"
+	"fmt"
+	"math/rand/v2"
 	"strings"
 	"testing"
 	"time"
@@ -24,7 +26,7 @@ func TestTrustedProxies(t *testing.T) {
 		{"unparsable entry stops at the last trusted hop", "10.0.0.1", "203.0.113.4, bogus, 10.7.7.7", "10.7.7.7"},
 		{"all trusted gives the left-most", "10.0.0.1", "10.5.5.5, 10.6.6.6", "10.5.5.5"},
 		{"IPv6 client", "10.0.0.1", "2001:db8:1::5", "2001:db8:1::5"},
-		{"bracketed IPv6 with port", "10.0.0.1", "[2001:db8:1::6]:8443", "2001:db8:1::6"},
+		{"bracketed IPv6 with port", "10.0.0.1", "[2001:db8:2::6]:8443", "2001:db8:2::6"},
 		{"IPv4 with port", "10.0.0.1", "203.0.113.7:5555", "203.0.113.7"},
 		{"trusted IPv6 source", "2001:db8:ffff::1", "203.0.113.8", "203.0.113.8"},
 		{"IPv4-mapped source matches the IPv4 range", "::ffff:10.0.0.1", "203.0.113.9", "203.0.113.9"},
@@ -137,8 +139,8 @@ func TestPublishableIPIsCountedBeforeTheKey(t *testing.T) {
 	assert429(t, s.check(r), r, 60_000)
 }
 
-// Inbound webhooks are counted on the raw path id before anything else: unknown
-// channels and ids that are not UUIDs included.
+// Inbound webhooks are counted on the path id before anything else: unknown channels
+// and ids that are not UUIDs included.
 func TestInboundCountsTheRawChannelID(t *testing.T) {
 	s := newStack(t, stackOptions{yaml: "limits:\n  inbound: {limit: 3, window: 1s}\n"})
 	for _, id := range []string{"not-a-uuid", "6f1c2a52-4f7e-4b8e-9a51-0d6b0c3c1a10", strings.Repeat("x", 5000)} {
@@ -149,5 +151,79 @@ func TestInboundCountsTheRawChannelID(t *testing.T) {
 		}
 		r := request("POST", "/api/v1/channels/"+id+"/status", "192.0.2.1", nil)
 		assert429(t, s.check(r), r, 1000)
+	}
+}
+
+// A channel id is counted in its canonical (lower-case) form, as the core looks it up:
+// 1,500 posts with random case variants of one id share one counter of 500, and the
+// lower-case id is spent after them.
+func TestInboundCaseVariantsShareOneCounter(t *testing.T) {
+	s := newStack(t, stackOptions{yaml: "limits:\n  inbound: {limit: 500, window: 1h}\n"})
+	ch := s.channel(s.tenant().id)
+	rng := rand.New(rand.NewPCG(1, 2))
+	allowed := 0
+	for range 1500 {
+		b := []byte(ch.id)
+		for i, c := range b {
+			if c >= 'a' && c <= 'f' && rng.IntN(2) == 0 {
+				b[i] = c - 'a' + 'A'
+			}
+		}
+		path := []string{"/inbound", "/status"}[rng.IntN(2)]
+		if isAllowed(s.check(request("POST", "/api/v1/channels/"+string(b)+path, "192.0.2.1", nil))) {
+			allowed++
+		}
+	}
+	if allowed != 500 {
+		t.Fatalf("%d of 1,500 case variants allowed, want 500 (one counter)", allowed)
+	}
+	r := request("POST", "/api/v1/channels/"+ch.id+"/inbound", "192.0.2.1", nil)
+	if isAllowed(s.check(r)) {
+		t.Fatal("the canonical id is not spent by its case variants")
+	}
+	upper := request("POST", "/api/v1/channels/"+strings.ToUpper(ch.id)+"/inbound", "192.0.2.1", nil)
+	if isAllowed(s.check(upper)) {
+		t.Fatal("the upper-case id has its own counter")
+	}
+}
+
+// IPv6 clients are counted per /64 (CLIENT_IPV6_PREFIX): 20 addresses of one /64 share
+// one token_create budget of 10, another /64 has its own, and with a /128 prefix each
+// address is its own client again.
+func TestIPv6ClientsArePerPrefix(t *testing.T) {
+	post := func(s *stack, ip string) bool {
+		return isAllowed(s.check(request("POST", "/api/v1/tokens", ip, nil)))
+	}
+	s := newStack(t, stackOptions{noDatabase: true})
+	allowed := 0
+	for i := range 20 {
+		// Spellings vary too: expanded, compressed, upper-case.
+		ip := fmt.Sprintf("2001:db8:aa:bb:%x:%x:%x:%x", (i*7919)&0xffff, i, 0xffff-i, i*3)
+		if i%3 == 0 {
+			ip = strings.ToUpper(fmt.Sprintf("2001:0db8:00aa:00bb::%x", i+1))
+		}
+		if post(s, ip) {
+			allowed++
+		}
+	}
+	if allowed != 10 {
+		t.Fatalf("%d of 20 addresses of one /64 allowed, want 10 (one budget)", allowed)
+	}
+	if !post(s, "2001:db8:aa:bc::1") {
+		t.Fatal("another /64 is spent too")
+	}
+	// IPv4-mapped IPv6 is the IPv4 address.
+	for range 10 {
+		post(s, "192.0.2.200")
+	}
+	if post(s, "::ffff:192.0.2.200") {
+		t.Fatal("an IPv4-mapped spelling has its own budget")
+	}
+
+	s = newStack(t, stackOptions{noDatabase: true, env: map[string]string{"CLIENT_IPV6_PREFIX": "128"}})
+	for i := range 20 {
+		if !post(s, fmt.Sprintf("2001:db8:aa:bb::%x", i+1)) {
+			t.Fatalf("with CLIENT_IPV6_PREFIX=128, address %d denied", i+1)
+		}
 	}
 }
