@@ -3,12 +3,22 @@
 // envoy.service.auth.v3.Authorization/Check about every request, with the CheckRequest
 // Envoy would send, and enforces the answer as Envoy would.
 //
-// Failure mode: like Envoy with `failure_mode_allow: true` (envoy/envoy.yaml), a Check
-// that fails — the sidecar unreachable, slower than the timeout, or answering a gRPC
-// error — lets the request through, unchecked. A sidecar outage then removes rate
-// limiting instead of taking the whole API down. The first failure after a success is
-// logged (a warning), the recovery too (with how many requests went through unchecked),
-// and Checker.FailedOpen counts them; failures in between are not logged one by one.
+// Whatever bytes a client sends, the CheckRequest is valid: header values, the path and
+// the other strings are made valid UTF-8 as Envoy does (every byte of an invalid
+// sequence becomes "!"), since proto3 strings must be UTF-8 and a request the gRPC
+// client cannot encode would otherwise never be checked.
+//
+// Failure mode: a Check that fails — the sidecar unreachable, slower than the timeout,
+// answering a gRPC error, or an error of ours building or sending it — is counted and
+// logged, and then decided by the route: requests on routes whose buckets protect
+// credentials (logins, password resets, token minting; buckets.ProtectsCredentials)
+// are refused with 503 (fail closed), since an outage must not open unlimited guessing
+// or minting; every other request goes through unchecked, like Envoy with
+// `failure_mode_allow: true`, unless the operator turned that off (AUTHZ_FAIL_OPEN=false:
+// everything fails closed). The first failure after a success is logged (a warning),
+// the recovery too (with how many requests went through unchecked and how many were
+// refused), and FailedOpen and FailedClosed count them; failures in between are not
+// logged one by one.
 package authzcheck
 
 import (
@@ -19,6 +29,7 @@ import (
 	"strings"
 	"sync/atomic"
 	"time"
+	"unicode/utf8"
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	authv3 "github.com/envoyproxy/go-control-plane/envoy/service/auth/v3"
@@ -27,8 +38,11 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/keepalive"
+	"google.golang.org/grpc/status"
 
 	"github.com/converger/edge/shared/apierror"
+	"github.com/converger/edge/shared/buckets"
+	"github.com/converger/edge/sidecar/routes"
 )
 
 // DefaultTimeout bounds one Check, as envoy.yaml's ext_authz timeout does: a Check is an
@@ -41,8 +55,11 @@ type Options struct {
 	Addr string
 	// Timeout bounds one Check (DefaultTimeout when zero).
 	Timeout time.Duration
-	// Logger receives the fail-open warnings (slog.Default() when nil).
+	// Logger receives the failure warnings (slog.Default() when nil).
 	Logger *slog.Logger
+	// FailClosed refuses every request whose Check failed (AUTHZ_FAIL_OPEN=false);
+	// without it only the routes that protect credentials are refused.
+	FailClosed bool
 }
 
 // Checker asks the sidecar over one shared gRPC connection.
@@ -52,10 +69,18 @@ type Checker struct {
 	client  authv3.AuthorizationClient
 	timeout time.Duration
 	log     *slog.Logger
+	// closedAll refuses every request whose Check failed; else only those that
+	// credentials routes match.
+	closedAll bool
+	// credentials matches the requests whose Check protects credentials, as the
+	// sidecar's built-in route table matches them.
+	credentials *routes.Table
 
-	failedOpen atomic.Uint64 // requests let through because the Check failed
-	failing    atomic.Bool   // the last Check failed
-	sinceFail  atomic.Uint64 // requests let through since the current failure began
+	failedOpen   atomic.Uint64 // requests let through because the Check failed
+	failedClosed atomic.Uint64 // requests refused because the Check failed
+	failing      atomic.Bool   // the last Check failed
+	sinceFail    atomic.Uint64 // requests let through since the current failure began
+	sinceClosed  atomic.Uint64 // requests refused since the current failure began
 }
 
 // New returns a Checker for the sidecar at o.Addr. The connection is made lazily and
@@ -79,7 +104,28 @@ func New(o Options) (*Checker, error) {
 	if err != nil {
 		return nil, fmt.Errorf("AUTHZ_ADDR=%q: %w", o.Addr, err)
 	}
-	return &Checker{addr: o.Addr, conn: conn, client: authv3.NewAuthorizationClient(conn), timeout: o.Timeout, log: o.Logger}, nil
+	table, err := routes.New(credentialRoutes())
+	if err != nil {
+		return nil, err
+	}
+	return &Checker{addr: o.Addr, conn: conn, client: authv3.NewAuthorizationClient(conn), timeout: o.Timeout,
+		log: o.Logger, closedAll: o.FailClosed, credentials: table}, nil
+}
+
+// credentialRoutes are the sidecar's built-in routes whose buckets protect credentials,
+// and the logins the core counts itself.
+func credentialRoutes() []routes.Route {
+	var out []routes.Route
+	for _, r := range routes.BuiltIn() {
+		protects := r.Core
+		for _, st := range r.Steps {
+			protects = protects || buckets.ProtectsCredentials(st.Bucket) || buckets.ProtectsCredentials(st.PublishableBucket)
+		}
+		if protects {
+			out = append(out, r)
+		}
+	}
+	return out
 }
 
 // Close closes the connection.
@@ -89,6 +135,12 @@ func (k *Checker) Close() error { return k.conn.Close() }
 // failed.
 func (k *Checker) FailedOpen() uint64 { return k.failedOpen.Load() }
 
+// FailedClosed returns how many requests were refused because the Check failed.
+func (k *Checker) FailedClosed() uint64 { return k.failedClosed.Load() }
+
+// errUnchecked is the answer to a request refused because it could not be checked.
+var errUnchecked = apierror.Unavailable.WithMessage("This request cannot be checked right now. Please try again shortly.")
+
 // Handler is the fiber middleware. It must run after the core's request-id middleware,
 // so that the Check carries the request's x-request-id (api.New runs Deps.Middleware
 // after it).
@@ -97,7 +149,13 @@ func (k *Checker) Handler(c *fiber.Ctx) error {
 	resp, err := k.client.Check(ctx, Request(c))
 	cancel()
 	if err != nil {
-		k.failOpen(err)
+		if k.closedAll || k.protectsCredentials(c) {
+			k.failed(err, &k.failedClosed, &k.sinceClosed)
+			c.Set(fiber.HeaderRetryAfter, "1")
+			c.Set(fiber.HeaderContentType, fiber.MIMEApplicationJSON)
+			return c.Status(errUnchecked.Status).Send(errUnchecked.Body(nil, string(c.Response().Header.Peek("x-request-id"))))
+		}
+		k.failed(err, &k.failedOpen, &k.sinceFail)
 		return c.Next()
 	}
 	k.recovered()
@@ -107,14 +165,26 @@ func (k *Checker) Handler(c *fiber.Ctx) error {
 	return deny(c, resp.GetDeniedResponse())
 }
 
-// failOpen counts a request let through after a failed Check, and logs the first of a
-// run of failures.
-func (k *Checker) failOpen(err error) {
-	k.failedOpen.Add(1)
-	k.sinceFail.Add(1)
+// protectsCredentials reports whether the request is on a route that protects
+// credentials.
+func (k *Checker) protectsCredentials(c *fiber.Ctx) bool {
+	_, _, ok := k.credentials.Match(c.Method(), validUTF8(c.Request().Header.RequestURI()))
+	return ok
+}
+
+// failed counts a request whose Check failed (in total and since the failure began),
+// and logs the first of a run of failures.
+func (k *Checker) failed(err error, total, since *atomic.Uint64) {
+	total.Add(1)
+	since.Add(1)
 	if k.failing.CompareAndSwap(false, true) {
-		k.log.Warn("the sidecar's authorization check failed: requests are let through unchecked (fail open, as Envoy's failure_mode_allow) until it answers again",
-			"authz_addr", k.addr, "error", err)
+		mode := "requests on routes that protect credentials (logins, password resets, token minting) are refused with 503, " +
+			"others are let through unchecked (fail open, as Envoy's failure_mode_allow)"
+		if k.closedAll {
+			mode = "every request is refused with 503 (AUTHZ_FAIL_OPEN=false)"
+		}
+		k.log.Warn("the sidecar's authorization check failed: "+mode+" until it answers again",
+			"authz_addr", k.addr, "code", status.Code(err).String(), "error", err)
 	}
 }
 
@@ -122,7 +192,7 @@ func (k *Checker) failOpen(err error) {
 func (k *Checker) recovered() {
 	if k.failing.Load() && k.failing.CompareAndSwap(true, false) {
 		k.log.Info("the sidecar's authorization check is back: requests are checked again", "authz_addr", k.addr,
-			"let_through_unchecked", k.sinceFail.Swap(0))
+			"let_through_unchecked", k.sinceFail.Swap(0), "refused_unchecked", k.sinceClosed.Swap(0))
 	}
 }
 
@@ -223,25 +293,25 @@ func applyHeader(hs headers, o *corev3.HeaderValueOption) {
 // protocol, the body size, and every request header under its lower-case name, repeated
 // headers joined with ",". x-request-id is the core's: the one Envoy or the client sent
 // when it is sensible, else the one the core's request-id middleware made (the response
-// already carries it).
+// already carries it). Every string is valid UTF-8 (validUTF8), as Envoy makes it.
 func Request(c *fiber.Ctx) *authv3.CheckRequest {
 	rc := c.Context()
 	req := &c.Request().Header
 	hdrs := make(map[string]string, req.Len()+1)
 	req.VisitAll(func(k, v []byte) {
-		name := strings.ToLower(string(k))
+		name := strings.ToLower(validUTF8(k))
 		if prev, ok := hdrs[name]; ok {
-			hdrs[name] = prev + "," + string(v)
+			hdrs[name] = prev + "," + validUTF8(v)
 			return
 		}
-		hdrs[name] = string(v)
+		hdrs[name] = validUTF8(v)
 	})
 	if id := c.Response().Header.Peek("x-request-id"); len(id) > 0 {
-		hdrs["x-request-id"] = string(id)
+		hdrs["x-request-id"] = validUTF8(id)
 	}
-	path := string(req.RequestURI())
+	path := validUTF8(req.RequestURI())
 	if !strings.HasPrefix(path, "/") { // absolute-form request target: Envoy passes the path on
-		path = string(c.Request().URI().RequestURI())
+		path = validUTF8(c.Request().URI().RequestURI())
 	}
 	scheme := "http"
 	if rc.IsTLS() {
@@ -256,15 +326,36 @@ func Request(c *fiber.Ctx) *authv3.CheckRequest {
 		Destination: &authv3.AttributeContext_Peer{Address: socketAddress(rc.LocalAddr())},
 		Request: &authv3.AttributeContext_Request{Http: &authv3.AttributeContext_HttpRequest{
 			Id:       hdrs["x-request-id"],
-			Method:   string(req.Method()),
+			Method:   validUTF8(req.Method()),
 			Headers:  hdrs,
 			Path:     path,
-			Host:     string(req.Host()),
+			Host:     validUTF8(req.Host()),
 			Scheme:   scheme,
-			Protocol: string(req.Protocol()),
+			Protocol: validUTF8(req.Protocol()),
 			Size:     size,
 		}},
 	}}
+}
+
+// validUTF8 returns b as a string that is valid UTF-8, as Envoy sanitizes the strings of
+// a CheckRequest: every byte of an invalid sequence becomes "!". Valid input is copied
+// as it is.
+func validUTF8(b []byte) string {
+	if utf8.Valid(b) {
+		return string(b)
+	}
+	out := make([]byte, 0, len(b))
+	for len(b) > 0 {
+		r, size := utf8.DecodeRune(b)
+		if r == utf8.RuneError && size <= 1 {
+			out = append(out, '!')
+			b = b[1:]
+			continue
+		}
+		out = append(out, b[:size]...)
+		b = b[size:]
+	}
+	return string(out)
 }
 
 // socketAddress is a TCP address as Envoy reports it: IP and port.

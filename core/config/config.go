@@ -35,6 +35,9 @@ type Config struct {
 	Sealer      *credentials.Sealer // ENCRYPTION_KEY
 	LimiterAddr string              // LIMITER_ADDR
 	AuthzAddr   string              // AUTHZ_ADDR
+	// AuthzFailOpen lets requests through unchecked when the AUTHZ_ADDR Check fails,
+	// but on the routes that protect credentials (AUTHZ_FAIL_OPEN, default true).
+	AuthzFailOpen bool
 	// TrustedProxies resolves and canonicalises client addresses (TRUSTED_PROXIES, CLIENT_IPV6_PREFIX), as the sidecar does.
 	TrustedProxies *clientip.Resolver
 	Limits         activity.Limits // ACTIVITY_MAX_*
@@ -83,6 +86,12 @@ func Load(getenv func(string) string) (*Config, error) {
 				return nil, fmt.Errorf("%s=%q: %w", v.name, v.val, err)
 			}
 		}
+	}
+	switch v := strings.ToLower(orDefault(getenv("AUTHZ_FAIL_OPEN"), "true")); v {
+	case "true", "false":
+		c.AuthzFailOpen = v == "true"
+	default:
+		return nil, fmt.Errorf("AUTHZ_FAIL_OPEN=%q: must be true or false", v)
 	}
 	c.PublicURL = strings.TrimRight(orDefault(getenv("PUBLIC_URL"), "http://"+c.Addr), "/")
 	if u, err := url.Parse(c.PublicURL); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {

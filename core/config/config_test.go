@@ -45,6 +45,8 @@ func TestInvalidValuesNameTheVariable(t *testing.T) {
 		{map[string]string{"CORE_ADDR": "8080"}, "CORE_ADDR"},
 		{map[string]string{"LIMITER_ADDR": "host:99999"}, "LIMITER_ADDR"},
 		{map[string]string{"AUTHZ_ADDR": "nohost"}, "AUTHZ_ADDR"},
+		{map[string]string{"AUTHZ_FAIL_OPEN": "maybe"}, "AUTHZ_FAIL_OPEN"},
+		{map[string]string{"CLIENT_IPV6_PREFIX": "200"}, "CLIENT_IPV6_PREFIX"},
 		{map[string]string{"PUBLIC_URL": "ftp://x"}, "PUBLIC_URL"},
 		{map[string]string{"TOKEN_SIGNING_KEY": secret}, "TOKEN_SIGNING_KEY"},
 		{map[string]string{"ENCRYPTION_KEY": secret}, "ENCRYPTION_KEY"},

@@ -89,3 +89,16 @@ func ValidName(s string) bool {
 	}
 	return strings.Trim(s, "abcdefghijklmnopqrstuvwxyz0123456789_") == ""
 }
+
+// ProtectsCredentials reports whether a bucket guards credentials: logins, password
+// resets and the minting of tokens. When the check of such a bucket cannot be made
+// (the sidecar unreachable, an error of ours), the request is refused rather than let
+// through unlimited.
+func ProtectsCredentials(name string) bool {
+	switch name {
+	case LoginIP, LoginAccount, PasswordResetIP, PasswordResetAccount,
+		TokenGenerate, PublishableTokenIP, PublishableToken, TokenCreate:
+		return true
+	}
+	return false
+}

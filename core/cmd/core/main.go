@@ -89,11 +89,11 @@ func serve(ctx context.Context, cfg *config.Config, log *slog.Logger) error {
 	}
 	defer pool.Close()
 	// AUTHZ_ADDR: without Envoy in front, ask the sidecar's ext_authz Check about every
-	// request ourselves, as Envoy would (core/authzcheck; fails open like Envoy's
-	// failure_mode_allow).
+	// request ourselves, as Envoy would (core/authzcheck; when the Check fails, the routes
+	// that protect credentials fail closed, the others open unless AUTHZ_FAIL_OPEN=false).
 	var middleware []fiber.Handler
 	if cfg.AuthzAddr != "" {
-		checker, err := authzcheck.New(authzcheck.Options{Addr: cfg.AuthzAddr, Logger: log})
+		checker, err := authzcheck.New(authzcheck.Options{Addr: cfg.AuthzAddr, Logger: log, FailClosed: !cfg.AuthzFailOpen})
 		if err != nil {
 			return err
 		}
