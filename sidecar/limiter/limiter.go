@@ -1,6 +1,7 @@
 // Package limiter counts hits in fixed windows aligned to the wall clock, per bucket and
-// key, in memory: Check counts and decides, Peek decides without counting, Record counts.
-// A replicated limiter also holds what other nodes counted (see replica.go).
+// key, in memory: Check counts and decides, Peek decides without counting, Record counts,
+// Take counts only what fits and Refund forgives what was taken (see take.go). A
+// replicated limiter also holds what other nodes counted (see replica.go).
 package limiter
 
 import (
@@ -63,6 +64,8 @@ type Limiter struct {
 	namesMu sync.Mutex
 	names   atomic.Pointer[[]string]            // BucketID → name
 	ids     atomic.Pointer[map[string]BucketID] // name → BucketID
+	// refunds maps a BucketID to the BucketID of its refunds (take.go), once one was made.
+	refunds sync.Map
 }
 
 type shard struct {
@@ -213,7 +216,8 @@ func (l *Limiter) Record(k Key, n uint32, lim Limit) Result {
 	return Result{Allowed: true, Count: own, Limit: lim, WindowEndMS: end}
 }
 
-// Peek decides without counting: denied iff the count has reached lim.
+// Peek decides without counting: denied iff the count, less what was refunded
+// (Refund), has reached lim.
 func (l *Limiter) Peek(k Key, lim Limit) Result {
 	now, w, end := l.window(lim)
 	var count uint32
@@ -226,6 +230,7 @@ func (l *Limiter) Peek(k Key, lim Limit) Result {
 		}
 	}
 	s.mu.RUnlock()
+	count -= min(count, l.refunded(k, w, windowMS(lim)))
 	return decide(count < lim.Count, count, lim, now, end)
 }
 
