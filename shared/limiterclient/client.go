@@ -1,5 +1,6 @@
 // Package limiterclient is the Go client of the sidecar's Limiter gRPC service: Check,
-// Peek and Record on a bucket and key, for the core's login lockout and password resets.
+// Peek, Record, Take and Refund on a bucket and key, for the core's login lockout,
+// password resets and the activities of the legacy WebSocket.
 package limiterclient
 
 import (
@@ -61,6 +62,16 @@ func (c *Client) Peek(ctx context.Context, bucket, key string) (Result, error) {
 // Record counts hits on bucket/key without deciding.
 func (c *Client) Record(ctx context.Context, bucket, key string, hits uint32) (Result, error) {
 	return result(c.api.Record(ctx, &limiterpb.LimitRequest{Bucket: bucket, Key: key, Hits: hits}))
+}
+
+// Take counts hits on bucket/key only when they fit within the limit, and decides.
+func (c *Client) Take(ctx context.Context, bucket, key string, hits uint32) (Result, error) {
+	return result(c.api.Take(ctx, &limiterpb.LimitRequest{Bucket: bucket, Key: key, Hits: hits}))
+}
+
+// Refund forgives hits taken from bucket/key in the current window.
+func (c *Client) Refund(ctx context.Context, bucket, key string, hits uint32) (Result, error) {
+	return result(c.api.Refund(ctx, &limiterpb.LimitRequest{Bucket: bucket, Key: key, Hits: hits}))
 }
 
 func result(r *limiterpb.LimitResponse, err error) (Result, error) {

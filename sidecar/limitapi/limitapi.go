@@ -1,9 +1,13 @@
-// Package limitapi serves the project's Limiter gRPC API (shared/limiterpb): Check, Peek
-// and Record on the sidecar's counters, for the core's login lockout and password resets.
+// Package limitapi serves the project's Limiter gRPC API (shared/limiterpb): Check, Peek,
+// Record, Take and Refund on the sidecar's counters, for the core's login lockout,
+// password resets and the activities of the legacy WebSocket.
 package limitapi
 
 import (
 	"context"
+
+	"github.com/converger/edge/shared/ids"
+	"github.com/converger/edge/sidecar/tenants"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -25,17 +29,26 @@ const (
 	MaxHits      = 1_000_000
 )
 
+// Overrides gives a tenant's limit overrides and a channel's tenant;
+// *tenants.Directory implements it.
+type Overrides interface {
+	Overrides(tenantID string) (buckets.Overrides, tenants.Status)
+	ChannelTenant(channelID string) (string, tenants.Status)
+}
+
 // Server implements limiterpb.LimiterServer.
 type Server struct {
 	limiterpb.UnimplementedLimiterServer
-	limiter *limiter.Limiter
-	limits  BaseLimits
-	metrics *metrics.Metrics
+	limiter   *limiter.Limiter
+	limits    BaseLimits
+	overrides Overrides // nil without a database
+	metrics   *metrics.Metrics
 }
 
-// New returns the service over lim.
-func New(lim *limiter.Limiter, limits BaseLimits, m *metrics.Metrics) *Server {
-	return &Server{limiter: lim, limits: limits, metrics: m}
+// New returns the service over lim. overrides may be nil (no database): then only the
+// installation's limits apply.
+func New(lim *limiter.Limiter, limits BaseLimits, overrides Overrides, m *metrics.Metrics) *Server {
+	return &Server{limiter: lim, limits: limits, overrides: overrides, metrics: m}
 }
 
 type op int
@@ -44,6 +57,8 @@ const (
 	check op = iota
 	peek
 	record
+	take
+	refund
 )
 
 // Check counts and decides.
@@ -59,6 +74,38 @@ func (s *Server) Peek(_ context.Context, r *limiterpb.LimitRequest) (*limiterpb.
 // Record counts without deciding.
 func (s *Server) Record(_ context.Context, r *limiterpb.LimitRequest) (*limiterpb.LimitResponse, error) {
 	return s.do(record, r)
+}
+
+// Take counts only what fits, and decides.
+func (s *Server) Take(_ context.Context, r *limiterpb.LimitRequest) (*limiterpb.LimitResponse, error) {
+	return s.do(take, r)
+}
+
+// Refund forgives hits taken in the current window.
+func (s *Server) Refund(_ context.Context, r *limiterpb.LimitRequest) (*limiterpb.LimitResponse, error) {
+	return s.do(refund, r)
+}
+
+// limit applies the override of the key's tenant over the base limit, for the buckets
+// that tenants can override: the key of a per-tenant bucket is the tenant id, that of a
+// per-channel bucket a channel id, so activity_create counted here shares the tenant
+// API's counter and limit.
+func (s *Server) limit(name, key string, base buckets.Limit) buckets.Limit {
+	b, ok := buckets.Lookup(name)
+	if !ok || !b.Overridable || s.overrides == nil || !ids.IsUUID(key) {
+		return base
+	}
+	tenant := key
+	if b.Per == buckets.PerChannel {
+		if tenant, _ = s.overrides.ChannelTenant(key); tenant == "" {
+			return base
+		}
+	}
+	o, _ := s.overrides.Overrides(tenant)
+	if l, ok := o[name]; ok {
+		return l
+	}
+	return base
 }
 
 func (s *Server) do(o op, r *limiterpb.LimitRequest) (*limiterpb.LimitResponse, error) {
@@ -81,6 +128,7 @@ func (s *Server) do(o op, r *limiterpb.LimitRequest) (*limiterpb.LimitResponse, 
 	if hits > MaxHits {
 		return nil, status.Errorf(codes.InvalidArgument, "hits must be at most %d", MaxHits)
 	}
+	lim = s.limit(name, key, lim)
 	k := limiter.Key{Bucket: s.limiter.Bucket(name), ID: key}
 	var res limiter.Result
 	switch o {
@@ -90,10 +138,14 @@ func (s *Server) do(o op, r *limiterpb.LimitRequest) (*limiterpb.LimitResponse, 
 		res = s.limiter.Peek(k, lim)
 	case record:
 		res = s.limiter.Record(k, hits, lim)
+	case take:
+		res = s.limiter.Take(k, hits, lim)
+	case refund:
+		res = s.limiter.Refund(k, hits, lim)
 	}
 	m := s.metrics.Bucket(name)
 	switch {
-	case o == record:
+	case o == record || o == refund:
 	case res.Allowed:
 		m.Allowed.Inc()
 	default:

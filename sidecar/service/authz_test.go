@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -310,4 +312,51 @@ func TestLimiterClient(t *testing.T) {
 	if _, err := c.Check(ctx, "nope", "k", 1); err == nil {
 		t.Fatal("unknown bucket accepted")
 	}
+}
+
+// Take over gRPC admits exactly the limit of 150 parallel calls and counts none it
+// refuses; Refund gives one back; Check and Take of a per-tenant overridable bucket use
+// the tenant's override, as the ext_authz Check does.
+func TestTakeAndRefund(t *testing.T) {
+	s := newStack(t, stackOptions{})
+	ctx := context.Background()
+	req := &limiterpb.LimitRequest{Bucket: "login_account", Key: "admin:a@example.com"}
+	var admitted atomic.Int32
+	var wg sync.WaitGroup
+	for range 150 {
+		wg.Go(func() {
+			r, err := s.limiter.Take(ctx, req)
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			if r.Allowed {
+				admitted.Add(1)
+			}
+		})
+	}
+	wg.Wait()
+	if admitted.Load() != 5 {
+		t.Fatalf("%d of 150 parallel Takes admitted, want 5", admitted.Load())
+	}
+	if r, err := s.limiter.Refund(ctx, req); err != nil || r.Count != 4 {
+		t.Fatalf("refund: %v %v, want count 4", r, err)
+	}
+	if r, err := s.limiter.Take(ctx, req); err != nil || !r.Allowed || r.Count != 5 {
+		t.Fatalf("take after the refund: %v %v", r, err)
+	}
+
+	ten := s.tenant()
+	if _, err := s.db.Exec(ctx, `UPDATE tenants SET limits = '{"activity_create": {"limit": 2, "scale_ms": 60000}}' WHERE id = $1`, ten.id); err != nil {
+		t.Fatal(err)
+	}
+	for i := 1; i <= 3; i++ {
+		r, err := s.limiter.Check(ctx, &limiterpb.LimitRequest{Bucket: "activity_create", Key: ten.id})
+		if err != nil || r.Allowed != (i <= 2) || r.Limit != 2 || r.WindowMs != 60000 {
+			t.Fatalf("check %d of a tenant with an override of 2/60s: %v %v", i, r, err)
+		}
+	}
+	// The same counter as the tenant API's route.
+	r := request("POST", "/api/v1/conversations/c1/activities", "192.0.2.1", map[string]string{"x-api-key": ten.apiKey})
+	assert429(t, s.check(r), r, 60_000)
 }

@@ -147,7 +147,11 @@ func Start(cfg *config.Config, o Options) (*Sidecar, error) {
 
 	s.grpc = grpc.NewServer(GRPCServerOptions()...)
 	authv3.RegisterAuthorizationServer(s.grpc, az)
-	limiterpb.RegisterLimiterServer(s.grpc, limitapi.New(s.Limiter, cfg, s.Metrics))
+	var limitOverrides limitapi.Overrides
+	if s.dir != nil {
+		limitOverrides = s.dir
+	}
+	limiterpb.RegisterLimiterServer(s.grpc, limitapi.New(s.Limiter, cfg, limitOverrides, s.Metrics))
 	s.health = health.NewServer()
 	healthpb.RegisterHealthServer(s.grpc, s.health)
 	reflection.Register(s.grpc)
