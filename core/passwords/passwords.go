@@ -11,13 +11,17 @@
 package passwords
 
 import (
+	"context"
 	"crypto/rand"
 	"crypto/subtle"
 	"encoding/base64"
 	"errors"
 	"fmt"
+	"runtime"
 	"strconv"
 	"strings"
+	"sync/atomic"
+	"time"
 
 	"golang.org/x/crypto/argon2"
 	"golang.org/x/crypto/bcrypt"
@@ -176,4 +180,82 @@ func decode(encoded string) (Params, []byte, []byte, error) {
 		return Params{}, nil, nil, ErrMalformed
 	}
 	return p, salt, key, nil
+}
+
+// ErrBusy: no hashing slot became free within the wait (Gate).
+var ErrBusy = errors.New("passwords: too many passwords are being checked at once")
+
+// DefaultConcurrency is how many hashes a Gate computes at once when not told: one per
+// CPU (argon2id is CPU-bound, so more only adds memory: 19 MiB each with Default).
+func DefaultConcurrency() int { return runtime.GOMAXPROCS(0) }
+
+// DefaultWait is how long a Gate lets a hash wait for a slot.
+const DefaultWait = 5 * time.Second
+
+// Gate bounds the password hashes computed at once (PASSWORD_HASH_CONCURRENCY), so that
+// a flood of logins cannot make the process hold one argon2id's memory per request: a
+// hash waits for a slot, at most the wait, and is then refused with ErrBusy. The zero
+// value is not usable; call NewGate. A nil *Gate does not bound anything.
+type Gate struct {
+	slots chan struct{}
+	wait  time.Duration
+	peak  atomic.Int32
+	busy  atomic.Int32
+}
+
+// NewGate returns a gate of n slots (DefaultConcurrency when n <= 0) whose hashes wait
+// at most wait for a slot (DefaultWait when wait <= 0).
+func NewGate(n int, wait time.Duration) *Gate {
+	if n <= 0 {
+		n = DefaultConcurrency()
+	}
+	if wait <= 0 {
+		wait = DefaultWait
+	}
+	return &Gate{slots: make(chan struct{}, n), wait: wait}
+}
+
+// Size returns how many hashes run at once at most.
+func (g *Gate) Size() int { return cap(g.slots) }
+
+// Peak returns the most hashes that ran at once.
+func (g *Gate) Peak() int { return int(g.peak.Load()) }
+
+// do runs f in a slot.
+func (g *Gate) do(ctx context.Context, f func()) error {
+	if g == nil {
+		f()
+		return nil
+	}
+	t := time.NewTimer(g.wait)
+	defer t.Stop()
+	select {
+	case g.slots <- struct{}{}:
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-t.C:
+		return ErrBusy
+	}
+	n := g.busy.Add(1)
+	for p := g.peak.Load(); n > p && !g.peak.CompareAndSwap(p, n); p = g.peak.Load() {
+	}
+	defer func() { g.busy.Add(-1); <-g.slots }()
+	f()
+	return nil
+}
+
+// Verify is Verify in a slot of the gate: ErrBusy (or ctx's error) when none came free.
+func (g *Gate) Verify(ctx context.Context, password, encoded string) (ok bool, err error) {
+	if werr := g.do(ctx, func() { ok, err = Verify(password, encoded) }); werr != nil {
+		return false, werr
+	}
+	return ok, err
+}
+
+// Hash is HashWith in a slot of the gate.
+func (g *Gate) Hash(ctx context.Context, password string, p Params) (hash string, err error) {
+	if werr := g.do(ctx, func() { hash, err = HashWith(password, p) }); werr != nil {
+		return "", werr
+	}
+	return hash, err
 }

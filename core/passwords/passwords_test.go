@@ -1,11 +1,14 @@
 package passwords
 
 import (
+	"context"
 	"encoding/base64"
 	"errors"
 	"regexp"
 	"strings"
+	"sync"
 	"testing"
+	"time"
 
 	"golang.org/x/crypto/argon2"
 	"golang.org/x/crypto/bcrypt"
@@ -130,5 +133,43 @@ func TestGenerate(t *testing.T) {
 			t.Fatalf("Generate() = %q (seen before: %v)", p, seen[p])
 		}
 		seen[p] = true
+	}
+}
+
+// A gate runs at most its size of hashes at once, and refuses a hash that waits longer
+// than its wait.
+func TestGateBoundsConcurrentHashes(t *testing.T) {
+	hash, err := HashWith("secret-password", cheap)
+	if err != nil {
+		t.Fatal(err)
+	}
+	g := NewGate(2, time.Minute)
+	var wg sync.WaitGroup
+	for range 50 {
+		wg.Go(func() {
+			if ok, err := g.Verify(context.Background(), "secret-password", hash); !ok || err != nil {
+				t.Errorf("verify: %v %v", ok, err)
+			}
+		})
+	}
+	wg.Wait()
+	if g.Peak() < 1 || g.Peak() > 2 {
+		t.Fatalf("peak %d hashes at once, want at most 2", g.Peak())
+	}
+
+	// A gate whose only slot is held refuses after its wait.
+	busy := NewGate(1, 20*time.Millisecond)
+	busy.slots <- struct{}{}
+	if _, err := busy.Verify(context.Background(), "x", hash); !errors.Is(err, ErrBusy) {
+		t.Fatalf("full gate: %v, want ErrBusy", err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if _, err := busy.Hash(ctx, "x", cheap); !errors.Is(err, context.Canceled) {
+		t.Fatalf("cancelled: %v", err)
+	}
+	var none *Gate
+	if ok, err := none.Verify(context.Background(), "secret-password", hash); !ok || err != nil {
+		t.Fatalf("nil gate: %v %v", ok, err)
 	}
 }
