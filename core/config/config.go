@@ -56,6 +56,9 @@ type Config struct {
 	// that old (SESSION_IDLE_TIMEOUT, SESSION_MAX_AGE).
 	SessionIdleTimeout time.Duration
 	SessionMaxAge      time.Duration
+	// PasswordHashConcurrency bounds the password hashes computed at once
+	// (PASSWORD_HASH_CONCURRENCY; 0: one per CPU, passwords.DefaultConcurrency).
+	PasswordHashConcurrency int
 }
 
 // MinAdminPasswordLength is the fewest characters ADMIN_PASSWORD may have.
@@ -170,6 +173,13 @@ func (c *Config) loadLogins(getenv func(string) string) error {
 		case len(c.AdminPassword) > passwords.MaxLength:
 			return fmt.Errorf("ADMIN_PASSWORD: must have at most %d bytes", passwords.MaxLength)
 		}
+	}
+	if v := strings.TrimSpace(getenv("PASSWORD_HASH_CONCURRENCY")); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 1 || n > 1024 {
+			return fmt.Errorf("PASSWORD_HASH_CONCURRENCY=%q: must be a whole number from 1 to 1024", v)
+		}
+		c.PasswordHashConcurrency = n
 	}
 	c.SMTPFrom = orDefault(getenv("SMTP_FROM"), mail.DefaultFrom)
 	from, err := netmail.ParseAddress(c.SMTPFrom)

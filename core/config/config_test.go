@@ -46,6 +46,7 @@ func TestInvalidValuesNameTheVariable(t *testing.T) {
 		{map[string]string{"LIMITER_ADDR": "host:99999"}, "LIMITER_ADDR"},
 		{map[string]string{"AUTHZ_ADDR": "nohost"}, "AUTHZ_ADDR"},
 		{map[string]string{"AUTHZ_FAIL_OPEN": "maybe"}, "AUTHZ_FAIL_OPEN"},
+		{map[string]string{"PASSWORD_HASH_CONCURRENCY": "0"}, "PASSWORD_HASH_CONCURRENCY"},
 		{map[string]string{"CLIENT_IPV6_PREFIX": "200"}, "CLIENT_IPV6_PREFIX"},
 		{map[string]string{"PUBLIC_URL": "ftp://x"}, "PUBLIC_URL"},
 		{map[string]string{"TOKEN_SIGNING_KEY": secret}, "TOKEN_SIGNING_KEY"},

@@ -15,11 +15,14 @@ import (
 // Limiter is the sidecar's Limiter service as the login pages use it;
 // *limiterclient.Client (LIMITER_ADDR) and *LocalLimiter implement it. Keys are the part
 // of the documented key after "<bucket>:" ("203.0.113.7" for login_ip,
-// "admin:alice@example.com" for login_account).
+// "admin:alice@example.com" for login_account). Logins Take an attempt before checking
+// the secret and Refund it when it should not count; password resets Check; Peek shows
+// a count.
 type Limiter interface {
 	Check(ctx context.Context, bucket, key string, hits uint32) (limiterclient.Result, error)
 	Peek(ctx context.Context, bucket, key string) (limiterclient.Result, error)
-	Record(ctx context.Context, bucket, key string, hits uint32) (limiterclient.Result, error)
+	Take(ctx context.Context, bucket, key string, hits uint32) (limiterclient.Result, error)
+	Refund(ctx context.Context, bucket, key string, hits uint32) (limiterclient.Result, error)
 }
 
 // LocalLimiter counts in this process with the limiter package and the built-in
@@ -51,9 +54,14 @@ func (l *LocalLimiter) Peek(_ context.Context, bucket, key string) (limiterclien
 	return l.do(bucket, key, func(k limiter.Key, lim buckets.Limit) limiter.Result { return l.l.Peek(k, lim) })
 }
 
-// Record counts without deciding.
-func (l *LocalLimiter) Record(_ context.Context, bucket, key string, hits uint32) (limiterclient.Result, error) {
-	return l.do(bucket, key, func(k limiter.Key, lim buckets.Limit) limiter.Result { return l.l.Record(k, max(hits, 1), lim) })
+// Take counts only what fits, and decides.
+func (l *LocalLimiter) Take(_ context.Context, bucket, key string, hits uint32) (limiterclient.Result, error) {
+	return l.do(bucket, key, func(k limiter.Key, lim buckets.Limit) limiter.Result { return l.l.Take(k, max(hits, 1), lim) })
+}
+
+// Refund forgives hits taken in the current window.
+func (l *LocalLimiter) Refund(_ context.Context, bucket, key string, hits uint32) (limiterclient.Result, error) {
+	return l.do(bucket, key, func(k limiter.Key, lim buckets.Limit) limiter.Result { return l.l.Refund(k, max(hits, 1), lim) })
 }
 
 func (l *LocalLimiter) do(bucket, key string, op func(limiter.Key, buckets.Limit) limiter.Result) (limiterclient.Result, error) {

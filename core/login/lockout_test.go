@@ -7,8 +7,11 @@ import (
 	"net/url"
 	"regexp"
 	"strconv"
+	"sync"
 	"testing"
 	"time"
+
+	"github.com/converger/edge/core/passwords"
 
 	"github.com/converger/edge/shared/buckets"
 	"github.com/converger/edge/shared/limiterclient"
@@ -196,7 +199,10 @@ func (brokenLimiter) Check(context.Context, string, string, uint32) (limiterclie
 func (brokenLimiter) Peek(context.Context, string, string) (limiterclient.Result, error) {
 	return limiterclient.Result{}, errDown
 }
-func (brokenLimiter) Record(context.Context, string, string, uint32) (limiterclient.Result, error) {
+func (brokenLimiter) Take(context.Context, string, string, uint32) (limiterclient.Result, error) {
+	return limiterclient.Result{}, errDown
+}
+func (brokenLimiter) Refund(context.Context, string, string, uint32) (limiterclient.Result, error) {
 	return limiterclient.Result{}, errDown
 }
 
@@ -228,4 +234,70 @@ func TestLimiterDownFailsClosed(t *testing.T) {
 			t.Fatalf("%d emails sent without the limiter", len(got))
 		}
 	})
+}
+
+// 150 parallel wrong passwords for one account, each from its own address, check at
+// most the limit: exactly 5 are checked (401) and 145 are locked out (429) without
+// their password being hashed; no more than the gate's slots hash at once; the right
+// password is then locked out too, and the count is 5.
+func TestParallelGuessesCheckAtMostTheLimit(t *testing.T) {
+	gate := passwords.NewGate(2, time.Minute)
+	e := newEnv(t, envOptions{sidecar: true, hashes: gate})
+	e.admin("kim@example.com", "kim-password-123", false)
+	const n = 150
+	type ready struct {
+		b    *browser
+		form url.Values
+	}
+	var forms []ready
+	for i := range n {
+		b := e.browser(fmt.Sprintf("198.18.%d.%d", i/250, 1+i%250))
+		f := b.get("/admin/login")
+		forms = append(forms, ready{b, url.Values{"_csrf": {f.csrf(t)}, "email": {"kim@example.com"},
+			"password": {"wrong-guess-" + strconv.Itoa(i)}}})
+	}
+	statuses := make([]int, n)
+	var wg sync.WaitGroup
+	start := make(chan struct{})
+	for i, r := range forms {
+		wg.Go(func() {
+			<-start
+			statuses[i] = r.b.do("POST", "/admin/login", r.form).status
+		})
+	}
+	close(start)
+	wg.Wait()
+	counts := map[int]int{}
+	for _, s := range statuses {
+		counts[s]++
+	}
+	if counts[401] != 5 || counts[429] != n-5 {
+		t.Fatalf("answers %v, want 5 × 401 (checked) and %d × 429", counts, n-5)
+	}
+	if gate.Peak() > 2 {
+		t.Fatalf("%d password hashes ran at once, want at most 2", gate.Peak())
+	}
+	expectLocked(t, "the right password", e.browser("198.18.9.9").login("kim@example.com", "kim-password-123"))
+	if c := e.peekCount(buckets.LoginAccount, "admin:kim@example.com"); c != 5 {
+		t.Fatalf("login_account counts %d, want 5", c)
+	}
+}
+
+// The addresses of one IPv6 /64 are one client for login_ip: five failures from five of
+// them lock the sixth, whatever its spelling; another /64 is not locked.
+func TestIPv6LockoutPerPrefix(t *testing.T) {
+	e := newEnv(t, envOptions{sidecar: true})
+	e.admin("lee@example.com", "lee-password-123", false)
+	for i := 1; i <= 5; i++ {
+		ip := fmt.Sprintf("2001:db8:7:8:%x::%x", i*1000, i)
+		expectError(t, "failure from "+ip, e.browser(ip).login(fmt.Sprintf("nobody%d@example.com", i), "wrong"), 401, invalidLogin)
+	}
+	for i := 6; i <= 20; i++ {
+		ip := fmt.Sprintf("2001:0DB8:0007:0008:%X::%X", i*1000, i)
+		expectLocked(t, "address "+strconv.Itoa(i)+" of the /64", e.browser(ip).login("lee@example.com", "lee-password-123"))
+	}
+	if c := e.peekCount(buckets.LoginIP, "2001:db8:7:8::/64"); c != 5 {
+		t.Fatalf("login_ip 2001:db8:7:8::/64 counts %d, want 5", c)
+	}
+	expect(t, "another /64", e.browser("2001:db8:7:9::1").login("lee@example.com", "lee-password-123"), 303, "/admin")
 }

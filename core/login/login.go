@@ -6,9 +6,12 @@
 // The pages under /admin and /portal are the same but for the account they sign in: an
 // admin (admin_users, by email) or a tenant user (tenant_users, by tenant name and
 // email). Every POST carries a CSRF token: one derived from the session for signed-in
-// pages, or a random one kept in a cookie (double submit) before sign-in. A failed
-// password or code is recorded in the buckets login_ip and login_account; a login is
-// answered 429 without checking the secret while either has reached its limit.
+// pages, or a random one kept in a cookie (double submit) before sign-in. Every attempt
+// at a password or code is taken from the buckets login_ip and login_account before the
+// secret is checked, in one atomic operation each (Limiter.Take), and given back when it
+// succeeds (Refund); a login is answered 429 without checking the secret when either
+// has no room left, so parallel guesses never check more than the limit. Password hashes
+// run in a bounded number of slots (passwords.Gate).
 package login
 
 import (
@@ -89,6 +92,9 @@ type Options struct {
 	// PasswordParams hash new passwords and the stand-in hash that unknown accounts are
 	// checked against (zero: passwords.Default).
 	PasswordParams passwords.Params
+	// Hashes bounds the password hashes computed at once (PASSWORD_HASH_CONCURRENCY);
+	// nil: a gate of passwords.DefaultConcurrency slots.
+	Hashes *passwords.Gate
 	// PurgeInterval is how often expired sessions and reset tokens are deleted
 	// (DefaultPurgeInterval when zero).
 	PurgeInterval time.Duration
@@ -152,6 +158,9 @@ func New(o Options) (*Pages, error) {
 	}
 	if o.PasswordParams == (passwords.Params{}) {
 		o.PasswordParams = passwords.Default
+	}
+	if o.Hashes == nil {
+		o.Hashes = passwords.NewGate(0, 0)
 	}
 	if o.PurgeInterval <= 0 {
 		o.PurgeInterval = DefaultPurgeInterval

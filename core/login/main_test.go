@@ -139,6 +139,7 @@ type envOptions struct {
 	idle, maxAge time.Duration
 	publicURL    string
 	purge        time.Duration // PurgeInterval (zero: the default)
+	hashes       *passwords.Gate
 }
 
 func newEnv(t *testing.T, o envOptions) *env {
@@ -178,7 +179,7 @@ func newEnv(t *testing.T, o envOptions) *env {
 	proxies, _ := clientip.Parse("127.0.0.1")
 	pages, err := login.New(login.Options{Store: st, Sealer: sealer, Limiter: e.limiter, Mailer: e.mails,
 		ClientIP: proxies, PublicURL: public, IdleTimeout: o.idle, MaxAge: o.maxAge, PasswordParams: cheap,
-		PurgeInterval: o.purge, Now: clk.now, Logger: quietLogger()})
+		PurgeInterval: o.purge, Hashes: o.hashes, Now: clk.now, Logger: quietLogger()})
 	if err != nil {
 		t.Fatal(err)
 	}

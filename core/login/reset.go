@@ -182,9 +182,9 @@ func (p *Pages) reset(rl realm) fiber.Handler {
 			v.Error = msg
 			return p.render(c, fiber.StatusUnprocessableEntity, "reset_password", v)
 		}
-		hash, err := passwords.HashWith(password, p.PasswordParams)
+		hash, err := p.Hashes.Hash(c.UserContext(), password, p.PasswordParams)
 		if err != nil {
-			return p.internalError(c, rl, err)
+			return p.hashError(c, rl, err)
 		}
 		_, err = p.Store.ResetPassword(c.UserContext(), hashToken(token), rl.kind, p.Now(), hash)
 		if errors.Is(err, store.ErrNotFound) {
@@ -243,20 +243,34 @@ func (p *Pages) change(rl realm) fiber.Handler {
 			v.Error = msg
 			return p.render(c, fiber.StatusUnprocessableEntity, "change_password", v)
 		}
-		if ok, _ := passwords.Verify(password, s.user.PasswordHash); ok {
+		same, err := p.Hashes.Verify(c.UserContext(), password, s.user.PasswordHash)
+		if errors.Is(err, passwords.ErrBusy) || c.UserContext().Err() != nil {
+			return p.hashError(c, rl, err)
+		}
+		if same {
 			v := p.newView(rl)
 			v.CSRF = p.formToken(c, s)
 			v.WhoAmI = s.user.Email
 			v.Error = "Choose a password other than the current one."
 			return p.render(c, fiber.StatusUnprocessableEntity, "change_password", v)
 		}
-		hash, err := passwords.HashWith(password, p.PasswordParams)
+		hash, err := p.Hashes.Hash(c.UserContext(), password, p.PasswordParams)
 		if err != nil {
-			return p.internalError(c, rl, err)
+			return p.hashError(c, rl, err)
 		}
 		if err := p.Store.ChangePassword(c.UserContext(), s.user.Kind, s.user.ID, hash, s.IDHash, p.Now()); err != nil {
 			return p.internalError(c, rl, err)
 		}
 		return redirect(c, rl.prefix)
 	}
+}
+
+// hashError answers a password hash that could not run: 503 when every slot stayed busy
+// (passwords.Gate), else an internal error.
+func (p *Pages) hashError(c *fiber.Ctx, rl realm, err error) error {
+	if errors.Is(err, passwords.ErrBusy) {
+		c.Set(fiber.HeaderRetryAfter, "1")
+		return p.message(c, rl, fiber.StatusServiceUnavailable, "The server is busy right now. Try again in a moment.")
+	}
+	return p.internalError(c, rl, err)
 }

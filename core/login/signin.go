@@ -19,6 +19,7 @@ const (
 	msgInvalidLogin = "Invalid email or password."
 	msgInvalidCode  = "Invalid code."
 	msgUnavailable  = "Signing in is unavailable right now. Try again in a minute."
+	msgBusy         = "Signing in is busy right now. Try again in a moment."
 )
 
 func lockedOutMessage(seconds int64) string {
@@ -78,39 +79,58 @@ func secondFactorKey(u store.LoginUser) string {
 	return "admin-2fa:" + u.ID
 }
 
-// lockout is the outcome of peeking at the lockout buckets.
+// lockout is the outcome of taking an attempt from the lockout buckets.
 type lockout struct {
 	locked     bool
 	retryAfter int64 // seconds, when locked
 }
 
-// peekLockout asks whether the client's address or the account has reached its limit
-// of failures, without counting.
-func (p *Pages) peekLockout(c *fiber.Ctx, ip, account string) (lockout, error) {
-	ctx, cancel := limiterContext(c)
-	defer cancel()
-	var l lockout
-	for _, k := range [...]struct{ bucket, key string }{{buckets.LoginIP, ip}, {buckets.LoginAccount, account}} {
-		r, err := p.Limiter.Peek(ctx, k.bucket, k.key)
-		if err != nil {
-			return lockout{}, fmt.Errorf("limiter: peek %s: %w", k.bucket, err)
-		}
-		if !r.Allowed {
-			l.locked = true
-			l.retryAfter = max(l.retryAfter, r.RetryAfterSeconds())
-		}
-	}
-	return l, nil
+// attempt is a login attempt taken from the lockout buckets: the keys it was counted on.
+type attempt struct {
+	keys  [2]limiterKey
+	taken [2]bool
 }
 
-// recordFailure counts a failed password or code on the client's address and the
-// account. The check has failed already, so an error is only logged.
-func (p *Pages) recordFailure(c *fiber.Ctx, ip, account string) {
+type limiterKey struct{ bucket, key string }
+
+// takeAttempt counts an attempt on the client's address and the account before the
+// secret is checked: each Take counts only when the bucket has room, so N parallel
+// guesses are never all checked. When either bucket is full the attempt is locked out
+// and what was taken is given back. Without an answer from the limiter it fails, and
+// what was taken is given back too.
+func (p *Pages) takeAttempt(c *fiber.Ctx, ip, account string) (*attempt, lockout, error) {
 	ctx, cancel := limiterContext(c)
 	defer cancel()
-	for _, k := range [...]struct{ bucket, key string }{{buckets.LoginIP, ip}, {buckets.LoginAccount, account}} {
-		if _, err := p.Limiter.Record(ctx, k.bucket, k.key, 1); err != nil && !errors.Is(err, context.Canceled) {
-			p.Logger.Warn("login: a failed login could not be counted", "bucket", k.bucket, "error", err,
+	a := &attempt{keys: [2]limiterKey{{buckets.LoginIP, ip}, {buckets.LoginAccount, account}}}
+	for i, k := range a.keys {
+		r, err := p.Limiter.Take(ctx, k.bucket, k.key, 1)
+		if err != nil {
+			p.forgive(c, a)
+			return nil, lockout{}, fmt.Errorf("limiter: take %s: %w", k.bucket, err)
+		}
+		if !r.Allowed {
+			p.forgive(c, a)
+			return nil, lockout{locked: true, retryAfter: r.RetryAfterSeconds()}, nil
+		}
+		a.taken[i] = true
+	}
+	return a, lockout{}, nil
+}
+
+// forgive gives an attempt back: it succeeded, was not a guess (a deactivated account),
+// or was never checked. A refund that fails leaves the attempt counted (the safe side),
+// and is logged.
+func (p *Pages) forgive(c *fiber.Ctx, a *attempt) {
+	// Not the request's context: a client that goes away must not keep its attempt.
+	ctx, cancel := context.WithTimeout(context.Background(), limiterTimeout)
+	defer cancel()
+	for i, k := range a.keys {
+		if !a.taken[i] {
+			continue
+		}
+		a.taken[i] = false
+		if _, err := p.Limiter.Refund(ctx, k.bucket, k.key, 1); err != nil {
+			p.Logger.Warn("login: an attempt could not be given back; it stays counted", "bucket", k.bucket, "error", err,
 				"request_id", requestID(c))
 		}
 	}
@@ -145,7 +165,7 @@ func (p *Pages) login(rl realm) fiber.Handler {
 			return p.render(c, fiber.StatusUnauthorized, "login", v)
 		}
 		ip, account := p.clientIP(c), accountKey(rl, tenant, email)
-		l, err := p.peekLockout(c, ip, account)
+		a, l, err := p.takeAttempt(c, ip, account)
 		if err != nil {
 			// Failing closed: without the limiter, passwords could be guessed without bound.
 			p.Logger.Error("login: the limiter did not answer; refusing logins", "error", err, "request_id", requestID(c))
@@ -162,6 +182,7 @@ func (p *Pages) login(rl realm) fiber.Handler {
 			u, err = p.Store.AdminForLogin(c.UserContext(), email)
 		}
 		if err != nil && !errors.Is(err, store.ErrNotFound) {
+			p.forgive(c, a)
 			return p.internalError(c, rl, err)
 		}
 		found := err == nil
@@ -171,20 +192,30 @@ func (p *Pages) login(rl realm) fiber.Handler {
 		}
 		// An unknown account is checked against a stand-in hash, so that it takes as
 		// long as a known one.
-		ok, verr := passwords.Verify(password, hash)
-		if verr != nil {
+		ok, verr := p.Hashes.Verify(c.UserContext(), password, hash)
+		switch {
+		case errors.Is(verr, passwords.ErrBusy) || c.UserContext().Err() != nil:
+			// Not checked: not counted.
+			p.forgive(c, a)
+			c.Set(fiber.HeaderRetryAfter, "1")
+			v.Error = msgBusy
+			return p.render(c, fiber.StatusServiceUnavailable, "login", v)
+		case verr != nil:
 			p.Logger.Error("login: a stored password hash is unusable", "kind", u.Kind, "user_id", u.ID, "error", verr)
 		}
 		switch {
 		case found && !u.Active:
 			// A deactivated account cannot sign in and is not counted.
+			p.forgive(c, a)
 			v.Error = msgInvalidLogin
 			return p.render(c, fiber.StatusUnauthorized, "login", v)
 		case !found || !ok:
-			p.recordFailure(c, ip, account)
+			// The attempt stays counted.
 			v.Error = msgInvalidLogin
 			return p.render(c, fiber.StatusUnauthorized, "login", v)
 		}
+		// A success is not counted.
+		p.forgive(c, a)
 		if u.TOTPEnabled() {
 			if err := p.startSession(c, u, store.SessionTOTP); err != nil {
 				return p.internalError(c, rl, err)
@@ -240,7 +271,7 @@ func (p *Pages) totpLogin(rl realm) fiber.Handler {
 		v := p.newView(rl)
 		v.CSRF = p.formToken(c, s)
 		ip, account := p.clientIP(c), secondFactorKey(s.user)
-		l, err := p.peekLockout(c, ip, account)
+		a, l, err := p.takeAttempt(c, ip, account)
 		if err != nil {
 			p.Logger.Error("login: the limiter did not answer; refusing logins", "error", err, "request_id", requestID(c))
 			v.Error = msgUnavailable
@@ -251,13 +282,15 @@ func (p *Pages) totpLogin(rl realm) fiber.Handler {
 		}
 		ok, err := p.checkSecondFactor(c.UserContext(), s.user, field(c, "code"))
 		if err != nil {
+			p.forgive(c, a)
 			return p.internalError(c, rl, err)
 		}
 		if !ok {
-			p.recordFailure(c, ip, account)
+			// The attempt stays counted.
 			v.Error = msgInvalidCode
 			return p.render(c, fiber.StatusUnauthorized, "totp", v)
 		}
+		p.forgive(c, a)
 		if err := p.startSession(c, s.user, store.SessionSignedIn); err != nil {
 			return p.internalError(c, rl, err)
 		}

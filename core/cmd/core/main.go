@@ -178,6 +178,7 @@ func loginPages(ctx context.Context, cfg *config.Config, st *store.Store, log *s
 		PublicURL:   cfg.PublicURL,
 		IdleTimeout: cfg.SessionIdleTimeout,
 		MaxAge:      cfg.SessionMaxAge,
+		Hashes:      passwords.NewGate(cfg.PasswordHashConcurrency, 0),
 		Logger:      log,
 	})
 	if err != nil {
