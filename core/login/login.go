@@ -65,7 +65,8 @@ const (
 	DefaultMaxAge      = 12 * time.Hour
 	// limiterTimeout bounds one call to the Limiter.
 	limiterTimeout = 2 * time.Second
-	// outboxSize bounds the emails waiting to be sent; more are dropped and logged.
+	// outboxSize bounds the background jobs (password resets and their emails)
+	// waiting; more are dropped and logged.
 	outboxSize = 256
 	// maxEmailLength and maxTenantNameLength bound the form fields (bytes, runes).
 	maxEmailLength      = 254
@@ -116,7 +117,9 @@ type Pages struct {
 	secure    bool
 	csp       string
 
-	outbox    chan mail.Message
+	// outbox holds the background jobs: password resets and emails, done one after
+	// another by sendMail, so that no answer waits for them.
+	outbox    chan func()
 	closeOnce sync.Once
 	done      chan struct{}
 	sent      sync.WaitGroup
@@ -194,7 +197,7 @@ func New(o Options) (*Pages, error) {
 		dummyHash: dummy,
 		secure:    strings.HasPrefix(o.PublicURL, "https://"),
 		csp:       contentSecurityPolicy(layout),
-		outbox:    make(chan mail.Message, outboxSize),
+		outbox:    make(chan func(), outboxSize),
 		done:      make(chan struct{}),
 	}
 	p.sent.Add(2)
@@ -479,18 +482,19 @@ func limiterContext(c *fiber.Ctx) (context.Context, context.CancelFunc) {
 	return context.WithTimeout(c.UserContext(), limiterTimeout)
 }
 
-// sendMail sends the queued emails one after another until Close.
+// sendMail runs the queued background jobs (password resets, emails) one after another
+// until Close.
 func (p *Pages) sendMail() {
 	defer p.sent.Done()
 	for {
 		select {
-		case m := <-p.outbox:
-			p.deliver(m)
+		case job := <-p.outbox:
+			job()
 		case <-p.done:
 			for {
 				select {
-				case m := <-p.outbox:
-					p.deliver(m)
+				case job := <-p.outbox:
+					job()
 				default:
 					return
 				}
@@ -508,12 +512,13 @@ func (p *Pages) deliver(m mail.Message) {
 	}
 }
 
-// queueMail hands m to the sender without waiting, so that the answer does not tell
-// from its timing whether an email was sent.
-func (p *Pages) queueMail(m mail.Message) {
+// background hands a job to the sender without waiting, so that an answer does not
+// tell from its timing what was done for it. what names the job in the log when the
+// queue is full and it is dropped.
+func (p *Pages) background(what string, job func()) {
 	select {
-	case p.outbox <- m:
+	case p.outbox <- job:
 	default:
-		p.Logger.Error("login: too many emails waiting; one was dropped", "subject", m.Subject)
+		p.Logger.Error("login: too many background jobs waiting; one was dropped", "job", what)
 	}
 }

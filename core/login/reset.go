@@ -1,9 +1,11 @@
 package login
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"strings"
+	"time"
 	"unicode/utf8"
 
 	"github.com/gofiber/fiber/v2"
@@ -55,8 +57,9 @@ func resetAccountKey(rl realm, tenantName, email string) string {
 // resetRequest emails a reset link to an active account, at most 3 per hour per account
 // (password_reset_account; the address is limited by the sidecar's route table). The
 // answer is the same page whatever happened, and the work done before it is the same
-// for known and unknown accounts (a limiter call and a lookup; the email is sent in the
-// background), so that it does not tell which accounts exist.
+// for known and unknown accounts — one limiter Check on the account key — so that
+// neither the answer nor its timing tells which accounts exist: the lookup, the reset
+// token's row and the email are made in the background.
 func (p *Pages) resetRequest(rl realm) fiber.Handler {
 	return func(c *fiber.Ctx) error {
 		s, err := p.session(c)
@@ -69,9 +72,7 @@ func (p *Pages) resetRequest(rl realm) fiber.Handler {
 		email, tenant := normalize(field(c, "email")), normalize(field(c, "tenant_name"))
 		if email != "" && len(email) <= maxEmailLength && (!rl.portal || (tenant != "" &&
 			utf8.RuneCountInString(tenant) <= maxTenantNameLength)) {
-			if err := p.requestReset(c, rl, tenant, email); err != nil {
-				return p.internalError(c, rl, err)
-			}
+			p.requestReset(c, rl, tenant, email)
 		}
 		v := p.newView(rl)
 		v.CSRF = p.formToken(c, nil)
@@ -80,16 +81,38 @@ func (p *Pages) resetRequest(rl realm) fiber.Handler {
 	}
 }
 
-func (p *Pages) requestReset(c *fiber.Ctx, rl realm, tenant, email string) error {
+// requestReset counts a reset request of an account and has the rest done in the
+// background (createReset).
+func (p *Pages) requestReset(c *fiber.Ctx, rl realm, tenant, email string) {
 	ctx, cancel := limiterContext(c)
-	res, limErr := p.Limiter.Check(ctx, buckets.PasswordResetAccount, resetAccountKey(rl, tenant, email), 1)
+	res, err := p.Limiter.Check(ctx, buckets.PasswordResetAccount, resetAccountKey(rl, tenant, email), 1)
 	cancel()
+	id := requestID(c)
+	if err != nil {
+		// Failing closed: no email rather than an unlimited number of them.
+		p.Logger.Error("login: the limiter did not answer; no password reset email sent", "error", err, "request_id", id)
+		return
+	}
+	if !res.Allowed {
+		return
+	}
+	p.background("password reset", func() {
+		if err := p.createReset(rl, tenant, email); err != nil {
+			p.Logger.Error("login: a password reset failed", "error", err, "request_id", id)
+		}
+	})
+}
+
+// createReset emails a reset link to the account when it exists and is active.
+func (p *Pages) createReset(rl realm, tenant, email string) error {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
 	var u store.LoginUser
 	var err error
 	if rl.portal {
-		u, err = p.Store.TenantUserForLogin(c.UserContext(), tenant, email)
+		u, err = p.Store.TenantUserForLogin(ctx, tenant, email)
 	} else {
-		u, err = p.Store.AdminForLogin(c.UserContext(), email)
+		u, err = p.Store.AdminForLogin(ctx, email)
 	}
 	switch {
 	case errors.Is(err, store.ErrNotFound):
@@ -98,16 +121,9 @@ func (p *Pages) requestReset(c *fiber.Ctx, rl realm, tenant, email string) error
 		return err
 	case !u.Active:
 		return nil
-	case limErr != nil:
-		// Failing closed: no email rather than an unlimited number of them.
-		p.Logger.Error("login: the limiter did not answer; no password reset email sent", "error", limErr,
-			"request_id", requestID(c))
-		return nil
-	case !res.Allowed:
-		return nil
 	}
 	token := credentials.Random(32)
-	if err := p.Store.CreatePasswordReset(c.UserContext(), u.Kind, u.ID, hashToken(token), p.Now().Add(ResetTTL)); err != nil {
+	if err := p.Store.CreatePasswordReset(ctx, u.Kind, u.ID, hashToken(token), p.Now().Add(ResetTTL)); err != nil {
 		return err
 	}
 	link := p.PublicURL + rl.prefix + "/password/reset/" + token
@@ -115,7 +131,7 @@ func (p *Pages) requestReset(c *fiber.Ctx, rl realm, tenant, email string) error
 	if rl.portal {
 		account = "account " + u.Email + " of tenant " + u.TenantName
 	}
-	p.queueMail(mail.Message{
+	p.deliver(mail.Message{
 		To:      u.Email,
 		Subject: "Reset your Converger password",
 		Body: "Someone, hopefully you, asked to reset the password of the Converger " + account + ".\n\n" +

@@ -2,8 +2,10 @@ package login_test
 
 import (
 	"context"
+	"fmt"
 	"net/url"
 	"regexp"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -150,4 +152,51 @@ func TestPortalPasswordReset(t *testing.T) {
 	if p := b.get("/portal"); p.text("whoami") != "peggy@example.com" || p.text("tenant") != "Initech" {
 		t.Fatalf("portal landing page:\n%s", p.body)
 	}
+}
+
+// A reset request takes as long for an account that exists as for one that does not:
+// over 200 alternating requests (100 existing accounts, each asked once, and 100
+// unknown emails) the medians are within 25 % of each other. A loaded machine can make
+// one round noisy, so up to three rounds are run; a real difference fails them all.
+func TestPasswordResetTiming(t *testing.T) {
+	e := newEnv(t, envOptions{})
+	var last [2]time.Duration
+	for round := range 3 {
+		var existing []string
+		for i := range 100 {
+			email := fmt.Sprintf("timing-%d-%d@example.com", round, i)
+			e.admin(email, "timing-password-1", false)
+			existing = append(existing, email)
+		}
+		b := e.browser("192.0.2.90")
+		csrf := b.get("/admin/password/reset").csrf(t)
+		var took [2][]time.Duration
+		for i := range 200 {
+			kind := i % 2
+			email := existing[i/2]
+			if kind == 1 {
+				email = fmt.Sprintf("unknown-%d-%d@example.com", round, i)
+			}
+			start := time.Now()
+			p := b.do("POST", "/admin/password/reset", url.Values{"_csrf": {csrf}, "email": {email}})
+			took[kind] = append(took[kind], time.Since(start))
+			if p.status != 200 || p.text("notice") != resetNotice {
+				t.Fatalf("reset request %d: %d %q", i, p.status, p.text("notice"))
+			}
+		}
+		last = [2]time.Duration{median(took[0]), median(took[1])}
+		ratio := float64(last[0]) / float64(last[1])
+		t.Logf("round %d: median %v for existing accounts, %v for unknown ones (ratio %.2f)", round+1, last[0], last[1], ratio)
+		if ratio >= 0.8 && ratio <= 1.25 {
+			e.mails.waitFor(t, existing[99], 1)
+			return
+		}
+	}
+	t.Fatalf("medians %v (existing) and %v (unknown) differ by more than 25 %%", last[0], last[1])
+}
+
+func median(d []time.Duration) time.Duration {
+	s := slices.Clone(d)
+	slices.Sort(s)
+	return s[len(s)/2]
 }
