@@ -48,7 +48,12 @@ var signatureReasons = map[error]string{
 	inbound.ErrMalformed: "malformed",
 	inbound.ErrStale:     "stale",
 	inbound.ErrMismatch:  "mismatch",
+	inbound.ErrReplayed:  "replayed",
 }
+
+// localInboundSigned is the key under which verifyInbound leaves the request's
+// signature for replay protection (nil for an unsigned request).
+const localInboundSigned inboundLocal = 1
 
 // verifyInbound finds the channel of the path and verifies the request's signature
 // over the raw body (read once, bounded by inbound.MaxBodyBytes) with the channel's
@@ -76,9 +81,12 @@ func (s *server) verifyInbound(c *fiber.Ctx) error {
 	if enc := strings.TrimSpace(c.Get(fiber.HeaderContentEncoding)); enc != "" && !strings.EqualFold(enc, "identity") {
 		return fail(c, errInboundEncoding, nil)
 	}
-	err = inbound.Verify(c.Get(inbound.SignatureHeader), secret, body, s.Now())
+	header := c.Get(inbound.SignatureHeader)
+	err = inbound.Verify(header, secret, body, s.Now())
 	switch {
 	case err == nil:
+		digest, expires, _ := inbound.ReplayKey(header, body)
+		c.Locals(localInboundSigned, &store.Signed{Digest: digest, ExpiresAt: expires})
 	case errors.Is(err, inbound.ErrMissing) && !ch.RequireSignature:
 		s.Logger.Warn("inbound request accepted without a signature (deprecated: the channel does not require one)", "channel_id", ch.ID)
 	default:
@@ -100,6 +108,17 @@ func signatureMessage(err error) string {
 	return strings.ToUpper(msg[:1]) + msg[1:] + "."
 }
 
+// inboundSigned is the signature verifyInbound verified, nil for an unsigned request.
+func inboundSigned(c *fiber.Ctx) *store.Signed {
+	sig, _ := c.Locals(localInboundSigned).(*store.Signed)
+	return sig
+}
+
+// replayed answers a signed request that was received already.
+func replayed(c *fiber.Ctx) error {
+	return fail(c, apierror.Unauthorized.WithMessage(signatureMessage(inbound.ErrReplayed)), map[string]string{"reason": signatureReasons[inbound.ErrReplayed]})
+}
+
 // inboundChannel is the channel verifyInbound verified.
 func inboundChannel(c *fiber.Ctx) store.Channel {
 	ch, _ := c.Locals(localInboundChannel).(store.Channel)
@@ -110,7 +129,9 @@ func inboundChannel(c *fiber.Ctx) store.Channel {
 // through the trusted create, with the sender and provider message id (idempotency_key)
 // the body names as the activity's server fields, in the conversation_id given (of the
 // channel's tenant, open) or a new conversation of the channel. 201 with the activity,
-// also for a repeated provider message id (the original).
+// also for a repeated provider message id (the original). A signed request is single
+// use: sent again within the tolerance it answers the original activity when it has a
+// provider message id, else 401 with reason "replayed".
 func (s *server) inboundMessage(c *fiber.Ctx) error {
 	ch := inboundChannel(c)
 	if ch.Mode == "outbound" {
@@ -129,7 +150,11 @@ func (s *server) inboundMessage(c *fiber.Ctx) error {
 	}
 	a, created, err := s.Store.CreateInboundActivity(c.UserContext(), ch, store.InboundMessage{
 		Client: m.Client, Sender: m.Sender, ProviderMessageID: m.ProviderMessageID, ConversationID: convID,
+		Signed: inboundSigned(c),
 	})
+	if errors.Is(err, store.ErrReplayed) {
+		return replayed(c)
+	}
 	if err != nil {
 		return activityError(c, err, errNoConversation)
 	}
@@ -148,7 +173,7 @@ func (s *server) inboundStatus(c *fiber.Ctx) error {
 	if err != nil {
 		return inboundBodyError(c, err)
 	}
-	d, err := s.Store.UpdateDeliveryStatus(c.UserContext(), inboundChannel(c).ID, u)
+	d, err := s.Store.UpdateDeliveryStatus(c.UserContext(), inboundChannel(c).ID, u, inboundSigned(c))
 	if err != nil {
 		return err
 	}

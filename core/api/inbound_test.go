@@ -2,6 +2,7 @@ package api_test
 
 import (
 	"bytes"
+	"context"
 	"crypto/hmac"
 	"crypto/sha256"
 	"encoding/hex"
@@ -114,6 +115,7 @@ func TestInboundSignatures(t *testing.T) {
 		if r := e.do("POST", path, b, map[string]string{inbound.SignatureHeader: h}); r.status != 201 {
 			t.Fatalf("%d %s", r.status, r.body)
 		}
+		b = `{"text":"rotated again"}`
 		h = "t=" + ts + ",v1=" + wrong + ",v1=" + macAt(e.now, e.s.secret, b) + ",v1=" + wrong
 		if r := e.do("POST", path, b, map[string]string{inbound.SignatureHeader: h}); r.status != 201 {
 			t.Fatalf("%d %s", r.status, r.body)
@@ -240,7 +242,7 @@ func TestInboundRefusingChannels(t *testing.T) {
 		}
 		// An inbound-only channel takes messages.
 		e.exec(`UPDATE channels SET mode = 'inbound' WHERE id = $1`, e.s.channelID)
-		if r := e.deliver(e.s.channelID, e.s.secret, body); r.status != 201 {
+		if r := e.deliver(e.s.channelID, e.s.secret, `{"text":"y"}`); r.status != 201 {
 			t.Fatalf("inbound mode: %d %s", r.status, r.body)
 		}
 	})
@@ -517,5 +519,83 @@ func TestInboundOnAnEchoChannel(t *testing.T) {
 	e.deliver(s.channelID, s.secret, `{"text":"ping","idempotency_key":"e1"}`).data(t, 201, &a)
 	if l := e.list(s.key, a.ConversationID, ""); len(l.Data) != 2 {
 		t.Fatalf("%+v", l.Data)
+	}
+}
+
+// A signed request is single use within its tolerance: one signed body without a
+// provider id sent 5 times, one after another and then 5 times at once, creates one
+// activity and one conversation; the others are 401 "replayed". With a provider id a
+// replay answers the original. The signature, not the header, is what counts: another
+// header with the same t and body (a subset of its v1) is a replay too. Once stale, the
+// records are purged.
+func TestInboundReplayIsRefused(t *testing.T) {
+	e := newInboundEnv(t)
+	body := `{"text":"captured"}`
+	header := signed(e.s.secret, body, e.now)
+	var first tenantActivity
+	e.do("POST", inboundPath(e.s.channelID), body, header).data(t, 201, &first)
+	for range 4 {
+		unauthorized(t, e.do("POST", inboundPath(e.s.channelID), body, header), "replayed")
+	}
+	// The same t and body under another v1 list.
+	h := inbound.Sign(e.now, []byte(body), []byte("an old secret"), []byte(e.s.secret))
+	unauthorized(t, e.do("POST", inboundPath(e.s.channelID), body, map[string]string{inbound.SignatureHeader: h}), "replayed")
+	// The same body signed at another second is a new request.
+	if r := e.do("POST", inboundPath(e.s.channelID), body, signed(e.s.secret, body, e.now.Add(-time.Second))); r.status != 201 {
+		t.Fatalf("a fresh signature: %d %s", r.status, r.body)
+	}
+
+	// Five at once.
+	parallel := `{"text":"captured in parallel"}`
+	ph := signed(e.s.secret, parallel, e.now)
+	statuses := make([]int, 5)
+	var wg sync.WaitGroup
+	for i := range statuses {
+		wg.Go(func() { statuses[i] = e.do("POST", inboundPath(e.s.channelID), parallel, ph).status })
+	}
+	wg.Wait()
+	if n := strings.Count(fmt.Sprint(statuses), "201"); n != 1 || strings.Count(fmt.Sprint(statuses), "401") != 4 {
+		t.Fatalf("parallel replays: %v, want one 201 and four 401", statuses)
+	}
+	if n := e.count(`SELECT count(*) FROM conversations WHERE channel_id = $1 AND id <> $2`, e.s.channelID, e.s.conv); n != 3 {
+		t.Fatalf("%d new conversations, want 3 (one per signed request)", n)
+	}
+	if n := e.count(`SELECT count(*) FROM activities a JOIN conversations c ON c.id = a.conversation_id WHERE c.channel_id = $1`, e.s.channelID); n != 3 {
+		t.Fatalf("%d activities, want 3", n)
+	}
+
+	// With a provider id, the replay answers the original.
+	keyed := `{"text":"keyed","idempotency_key":"wamid.replay"}`
+	kh := signed(e.s.secret, keyed, e.now)
+	var a, b tenantActivity
+	e.do("POST", inboundPath(e.s.channelID), keyed, kh).data(t, 201, &a)
+	e.do("POST", inboundPath(e.s.channelID), keyed, kh).data(t, 201, &b)
+	if !sameActivity(a, b) {
+		t.Fatalf("the replay of a keyed message: %+v, want the original %+v", b, a)
+	}
+
+	// A status replay is not applied again: it answers the current status.
+	st := `{"provider_message_id":"p-replay","status":"sent"}`
+	sh := signed(e.s.secret, st, e.now)
+	for i, applied := range []bool{true, false} {
+		var d struct {
+			Data struct {
+				Status  string `json:"status"`
+				Applied bool   `json:"applied"`
+			} `json:"data"`
+		}
+		r := e.do("POST", statusPath(e.s.channelID), st, sh)
+		r.json(t, &d)
+		if r.status != 200 || d.Data.Status != "sent" || d.Data.Applied != applied {
+			t.Fatalf("status %d: %d %s", i+1, r.status, r.body)
+		}
+	}
+
+	// Recorded until the signature is stale, then purged.
+	if n, err := e.store.PurgeInboundSignatures(context.Background(), e.now); err != nil || n != 0 {
+		t.Fatalf("purge before expiry: %d %v", n, err)
+	}
+	if n, err := e.store.PurgeInboundSignatures(context.Background(), e.now.Add(inbound.Tolerance+time.Second)); err != nil || n != 5 {
+		t.Fatalf("purge after expiry: %d %v, want 5 records", n, err)
 	}
 }

@@ -49,6 +49,9 @@ var (
 	ErrStale = errors.New("the x-converger-signature timestamp is outside the tolerance of 300 seconds")
 	// ErrMismatch: no v1 is the HMAC of the body with the channel's secret.
 	ErrMismatch = errors.New("the x-converger-signature does not match the body")
+	// ErrReplayed: the signed request was received already (ReplayKey); a sender signs
+	// every request afresh.
+	ErrReplayed = errors.New("the x-converger-signature was used already: sign every request afresh")
 )
 
 // Signature is a parsed signature header.
@@ -188,4 +191,20 @@ func mac(secret []byte, t int64, body []byte) []byte {
 	h.Write([]byte{'.'})
 	h.Write(body)
 	return h.Sum(nil)
+}
+
+// ReplayKey is what identifies a signed request for replay protection: the SHA-256 of
+// "<t>.<raw body>", which every v1 of its header signs, and when its signature goes
+// stale (t + Tolerance). A second request with the same key within the tolerance is a
+// replay.
+func ReplayKey(header string, body []byte) (digest []byte, expires time.Time, ok bool) {
+	sig, err := ParseSignature(header)
+	if err != nil {
+		return nil, time.Time{}, false
+	}
+	h := sha256.New()
+	h.Write(strconv.AppendInt(nil, sig.Timestamp, 10))
+	h.Write([]byte{'.'})
+	h.Write(body)
+	return h.Sum(nil), time.Unix(sig.Timestamp, 0).Add(Tolerance), true
 }

@@ -3,6 +3,7 @@ package store
 import (
 	"context"
 	"errors"
+	"log/slog"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -43,6 +44,57 @@ type InboundMessage struct {
 	// ConversationID is a conversation of the channel's tenant; "" opens a new
 	// conversation of the channel.
 	ConversationID string
+	// Signed is the request's signature, recorded so that it cannot be used twice;
+	// nil for an unsigned request.
+	Signed *Signed
+}
+
+// Signed is a signed inbound request for replay protection (inbound.ReplayKey).
+type Signed struct {
+	Digest    []byte
+	ExpiresAt time.Time
+}
+
+// ErrReplayed: the signed request was received already (inbound.ErrReplayed).
+var ErrReplayed = inbound.ErrReplayed
+
+// useSignature records a signed request in tx, first in its transaction: false when it
+// was recorded already (a replay; a concurrent one waits for the first transaction and
+// then sees its row). A transaction that fails leaves no record, so the request can be
+// sent again.
+func useSignature(ctx context.Context, tx pgx.Tx, channelID string, sig *Signed) (bool, error) {
+	if sig == nil {
+		return true, nil
+	}
+	tag, err := tx.Exec(ctx, `INSERT INTO inbound_signatures (channel_id, digest, expires_at)
+		VALUES ($1, $2, $3) ON CONFLICT DO NOTHING`, channelID, sig.Digest, sig.ExpiresAt)
+	if err != nil {
+		return false, err
+	}
+	return tag.RowsAffected() == 1, nil
+}
+
+// RunInboundSignaturePurge deletes stale recorded signatures every period until ctx
+// ends, logging failures to log.
+func (s *Store) RunInboundSignaturePurge(ctx context.Context, period time.Duration, log *slog.Logger) {
+	t := time.NewTicker(period)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case now := <-t.C:
+			if _, err := s.PurgeInboundSignatures(ctx, now); err != nil && ctx.Err() == nil {
+				log.Warn("store: deleting stale inbound signatures failed", "error", err)
+			}
+		}
+	}
+}
+
+// PurgeInboundSignatures deletes the recorded signatures that went stale before now.
+func (s *Store) PurgeInboundSignatures(ctx context.Context, now time.Time) (int64, error) {
+	tag, err := s.pool.Exec(ctx, `DELETE FROM inbound_signatures WHERE expires_at < $1`, now)
+	return tag.RowsAffected(), err
 }
 
 // CreateInboundActivity creates the activity of an inbound message on channel ch, in one
@@ -56,6 +108,9 @@ type InboundMessage struct {
 //
 // An explicit conversation of another tenant is ErrNotFound, a closed one
 // ErrConversationClosed; without one, a new conversation of the channel is opened.
+//
+// A signed request (m.Signed) is recorded first: a replay of it returns the original
+// activity with created false when it carries a provider message id, else ErrReplayed.
 func (s *Store) CreateInboundActivity(ctx context.Context, ch Channel, m InboundMessage) (a activity.Activity, created bool, err error) {
 	if errs := m.Client.Validate(s.limits); errs != nil {
 		return a, false, errs
@@ -64,6 +119,17 @@ func (s *Store) CreateInboundActivity(ctx context.Context, ch Channel, m Inbound
 		return a, false, ErrNotFound
 	}
 	err = s.inTx(ctx, func(tx pgx.Tx) error {
+		fresh, err := useSignature(ctx, tx, ch.ID, m.Signed)
+		if err != nil {
+			return err
+		}
+		if !fresh {
+			if m.ProviderMessageID == "" {
+				return ErrReplayed
+			}
+			a, err = inboundOriginal(ctx, tx, ch.ID, m.ProviderMessageID)
+			return err
+		}
 		if m.ProviderMessageID != "" {
 			tag, err := tx.Exec(ctx, `INSERT INTO inbound_messages (channel_id, provider_message_id)
 				VALUES ($1, $2) ON CONFLICT DO NOTHING`, ch.ID, m.ProviderMessageID)
@@ -120,10 +186,20 @@ type DeliveryStatus struct {
 
 // UpdateDeliveryStatus records a delivery status of a channel's message. The status
 // only moves forward (inbound.Status.Advances): an update that does not is ignored and
-// the current status returned with Applied false.
-func (s *Store) UpdateDeliveryStatus(ctx context.Context, channelID string, u inbound.StatusUpdate) (d DeliveryStatus, err error) {
+// the current status returned with Applied false. A replay of a signed request (sig,
+// recorded first; nil for none) is not applied either: it answers the current status.
+func (s *Store) UpdateDeliveryStatus(ctx context.Context, channelID string, u inbound.StatusUpdate, sig *Signed) (d DeliveryStatus, err error) {
 	err = s.inTx(ctx, func(tx pgx.Tx) error {
-		err := tx.QueryRow(ctx, `INSERT INTO delivery_statuses (channel_id, id_field, message_id, status)
+		fresh, err := useSignature(ctx, tx, channelID, sig)
+		if err != nil {
+			return err
+		}
+		if !fresh {
+			return tx.QueryRow(ctx, `SELECT status, updated_at FROM delivery_statuses
+				WHERE channel_id = $1 AND id_field = $2 AND message_id = $3`,
+				channelID, u.IDField, u.ID).Scan(&d.Status, &d.UpdatedAt)
+		}
+		err = tx.QueryRow(ctx, `INSERT INTO delivery_statuses (channel_id, id_field, message_id, status)
 			VALUES ($1, $2, $3, $4) ON CONFLICT DO NOTHING RETURNING status, updated_at`,
 			channelID, u.IDField, u.ID, string(u.Status)).Scan(&d.Status, &d.UpdatedAt)
 		if err == nil {

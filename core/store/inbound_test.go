@@ -183,7 +183,7 @@ func TestUpdateDeliveryStatus(t *testing.T) {
 	ch, _ := e.inboundChannel()
 	update := func(field, id string, s inbound.Status) store.DeliveryStatus {
 		t.Helper()
-		d, err := e.st.UpdateDeliveryStatus(e.ctx, ch.ID, inbound.StatusUpdate{IDField: field, ID: id, Status: s})
+		d, err := e.st.UpdateDeliveryStatus(e.ctx, ch.ID, inbound.StatusUpdate{IDField: field, ID: id, Status: s}, nil)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -237,7 +237,7 @@ func TestUpdateDeliveryStatusConcurrent(t *testing.T) {
 		go func() {
 			defer wg.Done()
 			_, errs[i] = e.st.UpdateDeliveryStatus(e.ctx, ch.ID, inbound.StatusUpdate{
-				IDField: inbound.ProviderMessageIDField, ID: "m", Status: order[i%len(order)]})
+				IDField: inbound.ProviderMessageIDField, ID: "m", Status: order[i%len(order)]}, nil)
 		}()
 	}
 	wg.Wait()
@@ -246,7 +246,7 @@ func TestUpdateDeliveryStatusConcurrent(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	d, err := e.st.UpdateDeliveryStatus(e.ctx, ch.ID, inbound.StatusUpdate{IDField: inbound.ProviderMessageIDField, ID: "m", Status: inbound.Queued})
+	d, err := e.st.UpdateDeliveryStatus(e.ctx, ch.ID, inbound.StatusUpdate{IDField: inbound.ProviderMessageIDField, ID: "m", Status: inbound.Queued}, nil)
 	if err != nil || d.Status != inbound.Read || d.Applied {
 		t.Fatalf("%+v %v", d, err)
 	}

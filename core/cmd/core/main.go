@@ -121,6 +121,7 @@ func serve(ctx context.Context, cfg *config.Config, log *slog.Logger) error {
 	lctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	go listener.Run(lctx)
+	go st.RunInboundSignaturePurge(lctx, time.Minute, log)
 	errc := make(chan error, 1)
 	go func() { errc <- app.Listen(cfg.Addr) }()
 	log.Info("core started", "addr", cfg.Addr, "public_url", cfg.PublicURL)
