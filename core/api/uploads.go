@@ -80,6 +80,7 @@ var (
 	errBadMultipart         = apierror.BadRequest.WithMessage("The multipart body is malformed.")
 	errUploadTooLarge       = errPayloadTooLarge.WithMessage("The files are too large.")
 	errAttachmentSignature  = apierror.Forbidden.WithMessage("The attachment link is invalid or expired.")
+	errAttachmentInactive   = apierror.Forbidden.WithMessage("The attachment's channel or tenant is inactive.")
 )
 
 // uploadRoutes registers the upload and the download of attachments. The download
@@ -395,7 +396,8 @@ func (s *server) freshAttachmentURLs(raw json.RawMessage) json.RawMessage {
 
 // GET /attachments/:id?exp=&sig=: the bytes of an attachment, for whoever holds a
 // valid signed URL. A bad or expired signature is 403 (checked first, so that ids
-// cannot be probed); an unknown attachment 404.
+// cannot be probed); an unknown attachment 404; an attachment whose channel or tenant is
+// inactive 403.
 func (s *server) attachmentDownload(c *fiber.Ctx) error {
 	id := c.Params("id")
 	if !s.validAttachmentURL(id, c.Query("exp"), c.Query("sig")) {
@@ -410,6 +412,11 @@ func (s *server) attachmentDownload(c *fiber.Ctx) error {
 	}
 	if err != nil {
 		return err
+	}
+	if !a.Active {
+		// As its tokens (403) and its API key (401): a deactivated tenant's or
+		// channel's links stop working at once, not when they expire.
+		return fail(c, errAttachmentInactive, nil)
 	}
 	mt, _, _ := mime.ParseMediaType(a.ContentType)
 	disposition := "attachment"

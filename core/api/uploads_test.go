@@ -328,3 +328,24 @@ func TestUploadRefusals(t *testing.T) {
 		t.Fatalf("%d attachments stored by refused uploads", n)
 	}
 }
+
+// A deactivated tenant's or channel's attachment URLs stop working at once, though
+// their signature is valid for an hour: 403, as its tokens; they work again when it is
+// active again.
+func TestAttachmentOfAnInactiveTenantIsRefused(t *testing.T) {
+	e := newEnv(t, envOptions{})
+	s := e.streamConv()
+	id := uploadID(t, e.upload(s.conv, s.tok, "", filePart("a.png", "image/png", []byte("png"))))
+	u, _ := e.uploadedActivity(s, id).Attachments[0]["contentUrl"].(string)
+	if r := get(t, u); r.status != 200 || string(r.body) != "png" {
+		t.Fatalf("before: %d %s", r.status, r.body)
+	}
+	for _, table := range []struct{ name, id string }{{"tenants", s.tenantID}, {"channels", s.channelID}} {
+		e.exec(`UPDATE `+table.name+` SET status = 'inactive' WHERE id = $1`, table.id)
+		get(t, u).errorCode(t, 403, "forbidden")
+		e.exec(`UPDATE `+table.name+` SET status = 'active' WHERE id = $1`, table.id)
+		if r := get(t, u); r.status != 200 {
+			t.Fatalf("active %s again: %d %s", table.name, r.status, r.body)
+		}
+	}
+}

@@ -17,6 +17,9 @@ type Attachment struct {
 	Size           int64
 	Bytes          []byte
 	InsertedAt     time.Time
+	// Active is whether the conversation's channel and its tenant are active: the
+	// attachments of an inactive one are not served.
+	Active bool
 }
 
 // NewAttachment is a file to store. ID is chosen by the caller (a random UUID), so that
@@ -55,14 +58,20 @@ func (s *Store) DeleteAttachments(ctx context.Context, tenantID string, ids []st
 	return err
 }
 
-// Attachment returns an attachment with its bytes. tenantID scopes the lookup; ""
+// Attachment returns an attachment with its bytes and whether its channel and tenant
+// are active. tenantID scopes the lookup; ""
 // looks it up by id alone, for callers that hold another credential for it (a signed
 // contentUrl).
 func (s *Store) Attachment(ctx context.Context, tenantID, id string) (Attachment, error) {
 	var a Attachment
 	err := s.pool.QueryRow(ctx, `
-		SELECT id::text, tenant_id::text, conversation_id::text, name, content_type, size, bytes, inserted_at
-		FROM attachments WHERE id = $1 AND ($2 = '' OR tenant_id::text = $2)`, id, tenantID).
-		Scan(&a.ID, &a.TenantID, &a.ConversationID, &a.Name, &a.ContentType, &a.Size, &a.Bytes, &a.InsertedAt)
+		SELECT a.id::text, a.tenant_id::text, a.conversation_id::text, a.name, a.content_type, a.size, a.bytes, a.inserted_at,
+			ch.status = 'active' AND t.status = 'active'
+		FROM attachments a
+		JOIN conversations c ON c.id = a.conversation_id
+		JOIN channels ch ON ch.id = c.channel_id
+		JOIN tenants t ON t.id = a.tenant_id
+		WHERE a.id = $1 AND ($2 = '' OR a.tenant_id::text = $2)`, id, tenantID).
+		Scan(&a.ID, &a.TenantID, &a.ConversationID, &a.Name, &a.ContentType, &a.Size, &a.Bytes, &a.InsertedAt, &a.Active)
 	return a, notFound(err)
 }
