@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"log/slog"
 	"runtime/debug"
+	"sync/atomic"
 	"time"
 
 	"github.com/gofiber/fiber/v2"
@@ -16,6 +17,7 @@ import (
 	"github.com/converger/edge/core/activity"
 	"github.com/converger/edge/core/store"
 	"github.com/converger/edge/shared/apierror"
+	"github.com/converger/edge/shared/limiterclient"
 	"github.com/converger/edge/shared/token"
 )
 
@@ -36,12 +38,27 @@ type Deps struct {
 	// Pages registers the HTML login pages (core/login), which answer their own errors
 	// and unknown paths below /admin and /portal with HTML; nil: none.
 	Pages func(fiber.Router)
+	// Limiter counts the activities of transports the sidecar cannot see (the legacy
+	// WebSocket) in activity_create per tenant: the sidecar's Limiter service
+	// (LIMITER_ADDR), so that they share the tenant API's budget, or one in this
+	// process; nil: not counted.
+	Limiter Limiter
+}
+
+// Limiter is the part of the sidecar's Limiter service the API uses;
+// *limiterclient.Client and *login.LocalLimiter implement it.
+type Limiter interface {
+	Check(ctx context.Context, bucket, key string, hits uint32) (limiterclient.Result, error)
 }
 
 // server holds the dependencies the handlers share.
 type server struct {
 	Deps
 	hub *hub
+	// sockets bounds the legacy WebSockets per token and per conversation.
+	sockets *socketCounts
+	// limiterFailing is set while the Limiter does not answer (logged once).
+	limiterFailing atomic.Bool
 }
 
 // New returns the fiber app. Start the stream's fan-out with Listen.
@@ -52,7 +69,7 @@ func New(d Deps) (*fiber.App, *Listener) {
 	if d.Logger == nil {
 		d.Logger = slog.Default()
 	}
-	s := &server{Deps: d, hub: newHub()}
+	s := &server{Deps: d, hub: newHub(), sockets: newSocketCounts()}
 	app := fiber.New(fiber.Config{
 		AppName:               "converger-core",
 		DisableStartupMessage: true,

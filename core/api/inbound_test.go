@@ -51,7 +51,7 @@ func newInboundEnv(t *testing.T) *inboundEnv {
 	t.Helper()
 	now := time.Now().Truncate(time.Second)
 	logs := &lockedBuffer{}
-	e := newEnv(t, envOptions{deps: func(d *api.Deps) {
+	e := newEnv(t, envOptions{deps: func(d *api.Deps, _ string) {
 		d.Now = func() time.Time { return now }
 		d.Logger = slog.New(slog.NewTextHandler(logs, nil))
 	}})

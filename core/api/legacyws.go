@@ -23,7 +23,11 @@ package api
 // burst of legacyBurst; over it a frame is answered rate_limited, and legacyMaxRefused
 // refusals in a row close with 1008), the backlog and write timeout of the stream
 // (streamMaxPendingBytes, streamMaxPendingFrames, streamWriteTimeout), pings and the
-// read timeout of the stream, and the token's expiry (1008).
+// read timeout of the stream, and the token's expiry (1008). Per core: at most
+// legacyMaxSocketsPerToken sockets per token and legacyMaxSocketsPerConversation per
+// conversation (beyond them the upgrade is answered 429). Every activity is counted in
+// activity_create for the token's tenant through the sidecar's Limiter service, with
+// the budget the tenant API and the client API share (over it: a rate_limited reply).
 
 import (
 	"bytes"
@@ -106,6 +110,7 @@ type legacyStart struct {
 	claims    *token.LegacyClaims
 	conv      store.Conversation
 	requestID string
+	slot      *socketSlot
 }
 
 // legacyCheck accepts a valid legacy conversation token whose conversation exists for
@@ -134,8 +139,30 @@ func (s *server) legacyCheck(c *fiber.Ctx) error {
 	if !fiberws.IsWebSocketUpgrade(c) {
 		return fail(c, errLegacyNotWebSocket, nil)
 	}
-	c.Locals(legacyLocal, &legacyStart{claims: cl, conv: conv, requestID: requestID(c)})
-	return c.Next()
+	slot, bound := s.sockets.acquire(c.Query("token"), conv.ID)
+	if slot == nil {
+		c.Set(fiber.HeaderRetryAfter, "1")
+		limit := legacyMaxSocketsPerToken
+		if bound == "conversation" {
+			limit = legacyMaxSocketsPerConversation
+		}
+		return fail(c, apierror.RateLimited.WithMessage(fmt.Sprintf(
+			"Too many open connections for this %s (at most %d); close one first.", bound, limit)), nil)
+	}
+	c.Locals(legacyLocal, &legacyStart{claims: cl, conv: conv, requestID: requestID(c), slot: slot})
+	err = c.Next()
+	if c.Response().StatusCode() != fiber.StatusSwitchingProtocols {
+		slot.release()
+	} else {
+		// The connection starts after this handler returns; one that never does (the
+		// handshake's write failed) gives its slot back later.
+		time.AfterFunc(legacySlotGrace, func() {
+			if !slot.started.Load() {
+				slot.release()
+			}
+		})
+	}
+	return err
 }
 
 // legacyRecover logs a panic of a connection without the request (its URL holds the
@@ -251,6 +278,8 @@ func (s *server) serveLegacy(conn *fiberws.Conn) {
 	if start == nil {
 		return
 	}
+	start.slot.started.Store(true)
+	defer start.slot.release()
 	// Only the stream's writer, stop, finish and failure handling drive this connection;
 	// its Direct Line fields (claims, last, sub) stay unset.
 	st := &stream{s: s, ws: conn.Conn, conv: start.conv, out: make(chan []byte, streamMaxPendingFrames),
@@ -336,6 +365,13 @@ func (lc *legacyConn) answer(m legacyInbound) error {
 // the token's sender, tenant and conversation. Errors the client can act on are
 // replies; others end the connection.
 func (lc *legacyConn) create(ref, payload json.RawMessage) (legacyReply, error) {
+	// Counted first, as the sidecar counts the REST APIs' requests before the core
+	// validates them.
+	if r, ok := lc.s.countActivity(lc.st.ctx, lc.claims.TenantID); !ok {
+		return errorReply(ref, legacyError{Reason: legacyRateLimited,
+			Message:      "Too many activities for this tenant. Please try again later.",
+			RetryAfterMS: max(1, r.RetryAfter.Milliseconds())}), nil
+	}
 	client, errs := activity.FromBody(payload)
 	if errs != nil {
 		return errorReply(ref, legacyError{Reason: legacyInvalidActivity, Errors: payloadErrors(errs)}), nil

@@ -34,11 +34,13 @@ type env struct {
 	store  *store.Store
 	pool   *pgxpool.Pool
 	signer *token.Signer
+	dbURL  string
 }
 
 type envOptions struct {
 	limits activity.Limits // zero: the defaults
-	deps   func(*api.Deps) // last changes to the dependencies
+	// deps makes last changes to the dependencies; it gets the test database's URL.
+	deps func(d *api.Deps, dbURL string)
 }
 
 func newEnv(t *testing.T, o envOptions) *env {
@@ -71,7 +73,7 @@ func newEnv(t *testing.T, o envOptions) *env {
 	d := api.Deps{Store: st, Signer: signer, Verifier: verifier, PublicURL: base, Limits: limits,
 		MaxUploadBytes: 1 << 20, Logger: log}
 	if o.deps != nil {
-		o.deps(&d)
+		o.deps(&d, url)
 	}
 	app, listener := api.New(d)
 	ctx, cancel := context.WithCancel(ctx)
@@ -81,7 +83,7 @@ func newEnv(t *testing.T, o envOptions) *env {
 		cancel()
 		_ = app.ShutdownWithTimeout(5 * time.Second)
 	})
-	return &env{t: t, base: base, store: st, pool: pool, signer: signer}
+	return &env{t: t, base: base, store: st, pool: pool, signer: signer, dbURL: url}
 }
 
 var seq atomic.Int64

@@ -204,7 +204,7 @@ func (e *env) signAttachment(id string, exp int64) string {
 
 func TestAttachmentDownloadNeedsAValidSignature(t *testing.T) {
 	var offset atomic.Int64 // the core's clock runs ahead by this much
-	e := newEnv(t, envOptions{deps: func(d *api.Deps) {
+	e := newEnv(t, envOptions{deps: func(d *api.Deps, _ string) {
 		d.Now = func() time.Time { return time.Now().Add(time.Duration(offset.Load())) }
 	}})
 	s := e.streamConv()

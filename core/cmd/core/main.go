@@ -102,7 +102,12 @@ func serve(ctx context.Context, cfg *config.Config, log *slog.Logger) error {
 		log.Info("every request is checked by the sidecar", "authz_addr", cfg.AuthzAddr)
 	}
 	st := store.New(pool, cfg.Sealer, cfg.Limits)
-	pages, closePages, err := loginPages(ctx, cfg, st, log)
+	lim, closeLimiter, err := limiter(cfg, log)
+	if err != nil {
+		return err
+	}
+	defer closeLimiter()
+	pages, closePages, err := loginPages(ctx, cfg, st, lim, log)
 	if err != nil {
 		return err
 	}
@@ -117,6 +122,7 @@ func serve(ctx context.Context, cfg *config.Config, log *slog.Logger) error {
 		Logger:         log,
 		Middleware:     middleware,
 		Pages:          pages.Register,
+		Limiter:        lim,
 	})
 	lctx, cancel := context.WithCancel(ctx)
 	defer cancel()
@@ -134,10 +140,26 @@ func serve(ctx context.Context, cfg *config.Config, log *slog.Logger) error {
 	return app.ShutdownWithTimeout(10 * time.Second)
 }
 
+// limiter is the sidecar's Limiter service at LIMITER_ADDR, or one in this process: it
+// counts failed logins, password resets and the legacy WebSocket's activities.
+func limiter(cfg *config.Config, log *slog.Logger) (login.Limiter, func(), error) {
+	if cfg.LimiterAddr != "" {
+		client, err := limiterclient.New(cfg.LimiterAddr)
+		if err != nil {
+			return nil, nil, fmt.Errorf("LIMITER_ADDR: %w", err)
+		}
+		log.Info("failed logins, password resets and legacy WebSocket activities are counted by the sidecar", "limiter_addr", cfg.LimiterAddr)
+		return client, func() { client.Close() }, nil
+	}
+	local := login.NewLocalLimiter(nil)
+	log.Info("LIMITER_ADDR is unset: failed logins, password resets and legacy WebSocket activities are counted in this process, not shared with other cores or the sidecar")
+	return local, local.Close, nil
+}
+
 // loginPages creates the first admin when ADMIN_EMAIL asks for one, and returns the
-// login pages with their limiter (the sidecar's at LIMITER_ADDR, else one in this
-// process) and mail sender (SMTP_URL, else the log), and what stops them.
-func loginPages(ctx context.Context, cfg *config.Config, st *store.Store, log *slog.Logger) (*login.Pages, func(), error) {
+// login pages with their limiter and mail sender (SMTP_URL, else the log), and what
+// stops them.
+func loginPages(ctx context.Context, cfg *config.Config, st *store.Store, lim login.Limiter, log *slog.Logger) (*login.Pages, func(), error) {
 	if cfg.AdminEmail != "" {
 		// A generated password goes to stderr once, never through the logger.
 		u, created, err := login.BootstrapAdmin(ctx, st, cfg.AdminEmail, cfg.AdminPassword, passwords.Default, os.Stderr)
@@ -148,20 +170,6 @@ func loginPages(ctx context.Context, cfg *config.Config, st *store.Store, log *s
 			log.Info("created the first admin user", "email", u.Email, "id", u.ID,
 				"must_change_password", u.MustChangePassword)
 		}
-	}
-	var lim login.Limiter
-	var closeLimiter func()
-	if cfg.LimiterAddr != "" {
-		client, err := limiterclient.New(cfg.LimiterAddr)
-		if err != nil {
-			return nil, nil, fmt.Errorf("LIMITER_ADDR: %w", err)
-		}
-		lim, closeLimiter = client, func() { client.Close() }
-		log.Info("failed logins and password resets are counted by the sidecar", "limiter_addr", cfg.LimiterAddr)
-	} else {
-		local := login.NewLocalLimiter(nil)
-		lim, closeLimiter = local, local.Close
-		log.Info("LIMITER_ADDR is unset: failed logins and password resets are counted in this process, not shared with other cores")
 	}
 	var sender mail.Sender = mail.Log{Logger: log, From: cfg.SMTPFrom}
 	if cfg.SMTP != nil {
@@ -183,8 +191,7 @@ func loginPages(ctx context.Context, cfg *config.Config, st *store.Store, log *s
 		Logger:      log,
 	})
 	if err != nil {
-		closeLimiter()
 		return nil, nil, err
 	}
-	return pages, func() { pages.Close(); closeLimiter() }, nil
+	return pages, pages.Close, nil
 }
