@@ -40,7 +40,8 @@ func edgeEnv(t *testing.T, limits string) *env {
 			t.Fatal(err)
 		}
 		t.Cleanup(sc.Stop)
-		checker, err := authzcheck.New(authzcheck.Options{Addr: sc.GRPCAddr.String(), Logger: d.Logger})
+		// A generous timeout: a Check that a loaded machine delays must not fail open.
+		checker, err := authzcheck.New(authzcheck.Options{Addr: sc.GRPCAddr.String(), Logger: d.Logger, Timeout: 5 * time.Second})
 		if err != nil {
 			t.Fatal(err)
 		}

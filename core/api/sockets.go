@@ -20,6 +20,8 @@ const (
 	legacyMaxSocketsPerConversation = 50
 	// legacySlotGrace releases a slot whose upgrade never started a connection.
 	legacySlotGrace = 30 * time.Second
+	// legacyLimiterTimeout bounds the Limiter call that counts an activity.
+	legacyLimiterTimeout = time.Second
 )
 
 // socketCounts counts the open legacy sockets by token and by conversation.
@@ -77,7 +79,7 @@ func (s *server) countActivity(ctx context.Context, tenantID string) (limitercli
 	if s.Limiter == nil {
 		return limiterclient.Result{Allowed: true}, true
 	}
-	ctx, cancel := context.WithTimeout(ctx, 250*time.Millisecond)
+	ctx, cancel := context.WithTimeout(ctx, legacyLimiterTimeout)
 	defer cancel()
 	r, err := s.Limiter.Check(ctx, buckets.ActivityCreate, tenantID, 1)
 	if err != nil {

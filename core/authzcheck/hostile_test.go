@@ -60,7 +60,12 @@ func TestOddBytesAreStillRateLimited(t *testing.T) {
 	dbURL := pgserver.NewTestDatabase(t, migrations.Up)
 	sc := startSidecar(t, dbURL, "127.0.0.1:0", hostileLimits)
 	var logs logBuffer
-	checker := newChecker(t, sc.GRPCAddr.String(), logs.logger())
+	// A generous timeout: a Check that a loaded machine delays must not fail open.
+	checker, err := authzcheck.New(authzcheck.Options{Addr: sc.GRPCAddr.String(), Logger: logs.logger(), Timeout: 5 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { checker.Close() })
 	c := startCore(t, dbURL, checker)
 
 	many := make([]string, 60)

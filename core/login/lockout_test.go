@@ -271,11 +271,30 @@ func TestParallelGuessesCheckAtMostTheLimit(t *testing.T) {
 	for _, s := range statuses {
 		counts[s]++
 	}
-	if counts[401] != 5 || counts[429] != n-5 {
-		t.Fatalf("answers %v, want 5 × 401 (checked) and %d × 429", counts, n-5)
+	// On a loaded machine a Limiter call can take longer than its 2 s bound: that
+	// attempt fails closed (503) and is given back, so it is neither checked nor counted.
+	if counts[401] > 5 || counts[401]+counts[429]+counts[503] != n || (counts[503] == 0 && counts[401] != 5) {
+		t.Fatalf("answers %v, want at most 5 × 401 (checked), the rest 429 (or 503 when the limiter was too slow)", counts)
+	}
+	if counts[503] > 0 {
+		t.Logf("answers %v: %d attempts failed closed on a slow limiter", counts, counts[503])
 	}
 	if gate.Peak() > 2 {
 		t.Fatalf("%d password hashes ran at once, want at most 2", gate.Peak())
+	}
+	// Whatever the burst left, the window checks exactly 5 wrong passwords in all.
+	checked := counts[401]
+	for i := 0; checked < 6 && i < 20; i++ {
+		p := e.browser("198.18.8.8").login("kim@example.com", "wrong-again")
+		if p.status == 429 {
+			break
+		}
+		if p.status == 401 {
+			checked++
+		}
+	}
+	if checked != 5 {
+		t.Fatalf("%d wrong passwords checked in the window, want 5", checked)
 	}
 	expectLocked(t, "the right password", e.browser("198.18.9.9").login("kim@example.com", "kim-password-123"))
 	if c := e.peekCount(buckets.LoginAccount, "admin:kim@example.com"); c != 5 {
