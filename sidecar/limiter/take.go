@@ -85,20 +85,11 @@ func (l *Limiter) refundBucket(b BucketID) BucketID {
 	return id
 }
 
-// refunded returns the hits refunded from k in window w (none when its bucket has never
-// had a refund on this node).
+// refunded returns the hits refunded from k in window w. The refund bucket is
+// registered on first use, also when a refund made on another node has not arrived yet:
+// a name registered here and by a remote merge is one id.
 func (l *Limiter) refunded(k Key, w, size uint32) uint32 {
-	id, ok := l.refunds.Load(k.Bucket)
-	if !ok {
-		// A refund made on another node registers the bucket here when it arrives.
-		rid, found := l.LookupBucket(l.BucketName(k.Bucket) + RefundSuffix)
-		if !found {
-			return 0
-		}
-		l.refunds.Store(k.Bucket, rid)
-		id = rid
-	}
-	return l.count(Key{Bucket: id.(BucketID), ID: k.ID}, w, size)
+	return l.count(Key{Bucket: l.refundBucket(k.Bucket), ID: k.ID}, w, size)
 }
 
 // count returns k's count in window w: this node's plus, when replicated, the others'.

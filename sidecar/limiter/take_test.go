@@ -1,6 +1,7 @@
 package limiter
 
 import (
+	"fmt"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -111,5 +112,32 @@ func TestTakeReplicated(t *testing.T) {
 	})
 	if !found {
 		t.Fatal("the refund is not listed for replication")
+	}
+}
+
+// BenchmarkTake measures Take against Check in the same run: the same keys and limit.
+func BenchmarkTake(b *testing.B) {
+	l := New(Options{})
+	bk := l.Bucket("login_ip")
+	keys := make([]Key, 10_000)
+	for i := range keys {
+		keys[i] = Key{bk, fmt.Sprintf("198.51.%d.%d", i/256, i%256)}
+	}
+	lim := Limit{Count: 1 << 30, Window: time.Second}
+	for _, op := range []struct {
+		name string
+		f    func(Key, uint32, Limit) Result
+	}{{"check", l.Check}, {"take", l.Take}} {
+		b.Run(op.name, func(b *testing.B) {
+			b.ReportAllocs()
+			var seq atomic.Int64
+			b.RunParallel(func(pb *testing.PB) {
+				i := int(seq.Add(7919))
+				for pb.Next() {
+					op.f(keys[i%len(keys)], 1, lim)
+					i++
+				}
+			})
+		})
 	}
 }
