@@ -170,17 +170,7 @@ func (l *Limiter) replicaEntry(k Key, sizeMS uint32, endMS int64) *entry {
 	if !l.replicated || sizeMS == 0 {
 		return nil
 	}
-	s := l.shard(k)
-	s.mu.RLock()
-	e := s.get(k)
-	s.mu.RUnlock()
-	if e == nil {
-		s.mu.Lock()
-		if e = s.get(k); e == nil {
-			e = s.insert(k, true)
-		}
-		s.mu.Unlock()
-	}
+	_, e := l.entry(k)
 	// A counter with no count of its own yet takes the window, so the sweeper keeps it
 	// until that window ends.
 	if size := e.sizeMS.Load(); size == 0 || (size == sizeMS && e.endMS.Load() < endMS && e.snapshot().Own == 0) {

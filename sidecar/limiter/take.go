@@ -27,17 +27,7 @@ func (l *Limiter) Take(k Key, n uint32, lim Limit) Result {
 	if r := l.refunded(k, w, size); r > 0 {
 		budget = uint32(min(uint64(budget)+uint64(r), math.MaxUint32-1))
 	}
-	s := l.shard(k)
-	s.mu.RLock()
-	e := s.get(k)
-	s.mu.RUnlock()
-	if e == nil {
-		s.mu.Lock()
-		if e = s.get(k); e == nil {
-			e = s.insert(k, l.replicated)
-		}
-		s.mu.Unlock()
-	}
+	s, e := l.entry(k)
 	var remote uint32
 	maxOwn := budget
 	if e.ext != nil {
@@ -73,6 +63,22 @@ func (l *Limiter) Refund(k Key, n uint32, lim Limit) Result {
 		}
 	}
 	return Result{Allowed: true, Count: taken - min(taken, already+n), Limit: lim, WindowEndMS: end}
+}
+
+// entry returns k's shard and entry, creating the entry when there is none.
+func (l *Limiter) entry(k Key) (*shard, *entry) {
+	s := l.shard(k)
+	s.mu.RLock()
+	e := s.get(k)
+	s.mu.RUnlock()
+	if e == nil {
+		s.mu.Lock()
+		if e = s.get(k); e == nil {
+			e = s.insert(k, l.replicated)
+		}
+		s.mu.Unlock()
+	}
+	return s, e
 }
 
 // refundBucket returns the id of bucket b's refund counter, registering it.
