@@ -3,8 +3,6 @@ package api_test
 import (
 	"context"
 	"fmt"
-	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -15,7 +13,6 @@ import (
 	"github.com/converger/edge/core/api"
 	"github.com/converger/edge/core/authzcheck"
 	"github.com/converger/edge/shared/limiterclient"
-	"github.com/converger/edge/sidecar/config"
 	"github.com/converger/edge/sidecar/service"
 )
 
@@ -25,21 +22,8 @@ import (
 func edgeEnv(t *testing.T, limits string) *env {
 	t.Helper()
 	return newEnv(t, envOptions{deps: func(d *api.Deps, dbURL string) {
-		path := filepath.Join(t.TempDir(), "limits.yaml")
-		if err := os.WriteFile(path, []byte("database_wait_ms: 5000\n"+limits), 0o600); err != nil {
-			t.Fatal(err)
-		}
-		vars := map[string]string{"SIDECAR_GRPC_ADDR": "127.0.0.1:0", "SIDECAR_HTTP_ADDR": "127.0.0.1:0",
-			"DATABASE_URL": dbURL, "RATE_LIMIT_CONFIG": path, "TOKEN_VERIFY_KEYS": d.Signer.PublicKey()}
-		cfg, err := config.Load(func(k string) string { return vars[k] })
-		if err != nil {
-			t.Fatal(err)
-		}
-		sc, err := service.Start(cfg, service.Options{Logger: d.Logger})
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(sc.Stop)
+		sc := service.StartForTest(t, map[string]string{"DATABASE_URL": dbURL, "TOKEN_VERIFY_KEYS": d.Signer.PublicKey()},
+			"database_wait_ms: 5000\n"+limits, service.Options{Logger: d.Logger})
 		// A generous timeout: a Check that a loaded machine delays must not fail open.
 		checker, err := authzcheck.New(authzcheck.Options{Addr: sc.GRPCAddr.String(), Logger: d.Logger, Timeout: 5 * time.Second})
 		if err != nil {

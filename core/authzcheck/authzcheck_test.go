@@ -11,7 +11,6 @@ import (
 	"net"
 	"net/http"
 	"os"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
@@ -38,7 +37,6 @@ import (
 	"github.com/converger/edge/shared/apierror"
 	"github.com/converger/edge/shared/pgserver"
 	"github.com/converger/edge/shared/token"
-	"github.com/converger/edge/sidecar/config"
 	"github.com/converger/edge/sidecar/service"
 )
 
@@ -87,26 +85,8 @@ limits:
 // port) over the core's database, with the limits document limits.
 func startSidecar(t *testing.T, dbURL, addr, limits string) *service.Sidecar {
 	t.Helper()
-	path := filepath.Join(t.TempDir(), "limits.yaml")
-	if err := os.WriteFile(path, []byte(limits), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	env := map[string]string{
-		"SIDECAR_GRPC_ADDR": addr,
-		"SIDECAR_HTTP_ADDR": "127.0.0.1:0",
-		"DATABASE_URL":      dbURL,
-		"RATE_LIMIT_CONFIG": path,
-	}
-	cfg, err := config.Load(func(k string) string { return env[k] })
-	if err != nil {
-		t.Fatal(err)
-	}
-	sc, err := service.Start(cfg, service.Options{Logger: quietLogger()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(sc.Stop)
-	return sc
+	return service.StartForTest(t, map[string]string{"SIDECAR_GRPC_ADDR": addr, "DATABASE_URL": dbURL}, limits,
+		service.Options{Logger: quietLogger()})
 }
 
 // core is the real core API on a listener, with the checker in front.

@@ -30,7 +30,6 @@ import (
 	"github.com/converger/edge/shared/limiterclient"
 	"github.com/converger/edge/shared/pgserver"
 	"github.com/converger/edge/shared/token"
-	sidecarconfig "github.com/converger/edge/sidecar/config"
 	"github.com/converger/edge/sidecar/service"
 )
 
@@ -201,16 +200,7 @@ func newEnv(t *testing.T, o envOptions) *env {
 // clock clk, and returns a client of its Limiter service.
 func startSidecar(t *testing.T, clk *clock) *limiterclient.Client {
 	t.Helper()
-	env := map[string]string{"SIDECAR_GRPC_ADDR": "127.0.0.1:0", "SIDECAR_HTTP_ADDR": "127.0.0.1:0"}
-	cfg, err := sidecarconfig.Load(func(k string) string { return env[k] })
-	if err != nil {
-		t.Fatal(err)
-	}
-	sc, err := service.Start(cfg, service.Options{Logger: quietLogger(), Now: clk.now})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(sc.Stop)
+	sc := service.StartForTest(t, nil, "", service.Options{Logger: quietLogger(), Now: clk.now})
 	client, err := limiterclient.New(sc.GRPCAddr.String())
 	if err != nil {
 		t.Fatal(err)
