@@ -83,7 +83,8 @@ func claims(c *fiber.Ctx) *token.Claims {
 }
 
 // tokenAllows reports whether a token may touch a conversation: an unbound token any
-// conversation of its channel, a bound one only its own. Callers answer 403 otherwise.
+// conversation of its channel, a bound one only its own. Callers answer 404 otherwise,
+// as for a missing conversation.
 func tokenAllows(cl *token.Claims, conv store.Conversation) bool {
 	if conv.TenantID != cl.TenantID || conv.ChannelID != cl.ChannelID {
 		return false

@@ -180,11 +180,11 @@ func (s *server) clientUpload(c *fiber.Ctx) error {
 	check := client
 	if errs := check.Validate(s.Limits); errs != nil {
 		// Named as the client sent them (channelData rather than metadata).
-		return activityError(c, channelDataErrors(body, errs), errConversationAccess)
+		return activityError(c, channelDataErrors(body, errs), apierror.NotFound)
 	}
 	if err := s.Store.CreateAttachments(ctx, conv.TenantID, conv.ID, stored); err != nil {
 		if errors.Is(err, store.ErrNotFound) {
-			return fail(c, errConversationAccess, nil)
+			return fail(c, apierror.NotFound, nil)
 		}
 		return err
 	}
@@ -199,7 +199,7 @@ func (s *server) clientUpload(c *fiber.Ctx) error {
 		if derr := s.Store.DeleteAttachments(dctx, conv.TenantID, ids); derr != nil {
 			s.Logger.Warn("upload: attachments of a refused activity not deleted", "request_id", requestID(c), "error", derr)
 		}
-		return activityError(c, err, errConversationAccess)
+		return activityError(c, err, apierror.NotFound)
 	}
 	s.echo(c, a)
 	return c.JSON(fiber.Map{"id": a.ID})
