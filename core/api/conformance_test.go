@@ -1,0 +1,56 @@
+package api_test
+
+import (
+	"net/http"
+	"testing"
+)
+
+// Answers checked byte for byte against the documented behaviour of the system the core
+// replaces: status, the headers that matter and the whole body (the request id is the
+// one sent, so that the body is fixed).
+
+// exact checks a response's status, headers (name → value; "" asserts the header is
+// absent) and body.
+func (r response) exact(t *testing.T, what string, status int, headers map[string]string, body string) {
+	t.Helper()
+	if r.status != status {
+		t.Errorf("%s: status %d, want %d (body %s)", what, r.status, status, r.body)
+	}
+	for k, want := range headers {
+		got, present := r.header.Get(k), len(r.header.Values(k)) > 0
+		if want == "" && present {
+			t.Errorf("%s: header %s: %q, want none", what, k, got)
+		} else if want != "" && got != want {
+			t.Errorf("%s: header %s: %q, want %q", what, k, got, want)
+		}
+	}
+	if string(r.body) != body {
+		t.Errorf("%s: body\n  %s\nwant\n  %s", what, r.body, body)
+	}
+}
+
+// withRequestID adds x-request-id to h.
+func withRequestID(h map[string]string, id string) map[string]string { return withHeader(h, "x-request-id", id) }
+
+// jsonError is the envelope of an error without details.
+func jsonError(code, message, requestID string) string {
+	return `{"error":{"code":"` + code + `","message":"` + message + `","details":{},"request_id":"` + requestID + `"}}`
+}
+
+// Item 1: an unbound token on a conversation of another channel of its tenant, of
+// another tenant, or one that does not exist, answers exactly 404 not_found.
+func TestConformanceUnboundTokenOnForeignConversation(t *testing.T) {
+	e := newEnv(t, envOptions{})
+	s := e.setup("webhook")
+	unbound := e.clientToken(s.secret, nil).Token
+	_, sibling := e.channel(s.tenantID, "webhook")
+	siblingConv := e.startConversation(e.clientToken(sibling.Secret, nil).Token).ConversationID
+	other := e.setup("webhook")
+	for name, id := range map[string]string{"another channel's": siblingConv, "another tenant's": other.conv, "a missing": missingID} {
+		for _, path := range []string{"/api/v1/converger/conversations/" + id, "/api/v1/converger/conversations/" + id + "/activities"} {
+			r := e.do(http.MethodGet, path, nil, withRequestID(bearerHeader(unbound), "req-1"))
+			r.exact(t, name+" conversation, GET "+path, 404, map[string]string{"content-type": "application/json", "x-request-id": "req-1"},
+				jsonError("not_found", "Not found.", "req-1"))
+		}
+	}
+}
