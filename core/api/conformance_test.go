@@ -54,3 +54,24 @@ func TestConformanceUnboundTokenOnForeignConversation(t *testing.T) {
 		}
 	}
 }
+
+// Item 2: an attachment without contentType is 422 with fields.attachments naming it.
+func TestConformanceAttachmentWithoutContentType(t *testing.T) {
+	e := newEnv(t, envOptions{})
+	s := e.setup("webhook")
+	conv := e.startConversation(e.clientToken(s.secret, nil).Token)
+	want := `{"error":{"code":"validation_failed","message":"Some fields are invalid.","details":{"fields":{"attachments":["attachment 0: contentType can't be blank"]}},"request_id":"req-2"}}`
+	body := map[string]any{"type": "message", "text": "a file", "attachments": []any{map[string]any{"contentUrl": "https://example.com/a.png"}}}
+	e.do(http.MethodPost, "/api/v1/conversations/"+s.conv+"/activities", body, withRequestID(apiKey(s.key), "req-2")).
+		exact(t, "tenant API", 422, map[string]string{"content-type": "application/json"}, want)
+	e.do(http.MethodPost, "/api/v1/converger/conversations/"+conv.ConversationID+"/activities", body, withRequestID(bearerHeader(conv.Token), "req-2")).
+		exact(t, "client API", 422, map[string]string{"content-type": "application/json"}, want)
+	if n := e.count(`SELECT count(*) FROM activities`); n != 0 {
+		t.Fatalf("%d activities stored", n)
+	}
+	// With a contentType it is stored.
+	body["attachments"] = []any{map[string]any{"contentType": "image/png", "contentUrl": "https://example.com/a.png"}}
+	if r := e.do(http.MethodPost, "/api/v1/conversations/"+s.conv+"/activities", body, apiKey(s.key)); r.status != 201 {
+		t.Fatalf("with a contentType: %d %s", r.status, r.body)
+	}
+}
