@@ -75,3 +75,34 @@ func TestConformanceAttachmentWithoutContentType(t *testing.T) {
 		t.Fatalf("with a contentType: %d %s", r.status, r.body)
 	}
 }
+
+// Item 3: the conversationUpdate that a close appends says what happened and why, and
+// so does the reopen's.
+func TestConformanceCloseAndReopenEvents(t *testing.T) {
+	e := newEnv(t, envOptions{})
+	s := e.setup("webhook")
+	tok := e.clientToken(s.secret, nil).Token
+	for _, path := range []string{"/close", "/reopen"} {
+		if r := e.do(http.MethodPost, "/api/v1/conversations/"+s.conv+path, nil, apiKey(s.key)); r.status != 200 {
+			t.Fatalf("%s: %d %s", path, r.status, r.body)
+		}
+	}
+	want := []string{
+		`{"event":"conversation_closed","reason":"manual","status":"closed"}`,
+		`{"event":"conversation_reopened","reason":"manual","status":"active"}`,
+	}
+	l := e.list(s.key, s.conv, "")
+	dl := e.dlList(tok, s.conv, "")
+	if len(l.Data) != 2 || len(dl.Activities) != 2 {
+		t.Fatalf("activities: %+v %+v", l.Data, dl.Activities)
+	}
+	for i, w := range want {
+		a, d := l.Data[i], dl.Activities[i]
+		if a.Type != "conversationUpdate" || a.Sender != "system" || a.Text != "" || string(a.Attachments) != "[]" || string(a.Metadata) != w {
+			t.Errorf("tenant API activity %d: %+v, want metadata %s", i, a, w)
+		}
+		if d.Type != "conversationUpdate" || d.From.ID != "system" || string(d.ChannelData) != w {
+			t.Errorf("client API activity %d: %+v, want channelData %s", i, d, w)
+		}
+	}
+}

@@ -287,8 +287,8 @@ func TestTenantCloseAndReopen(t *testing.T) {
 	}
 	want := []string{
 		"1 user message before {}",
-		`2 system conversationUpdate  {"status":"closed"}`,
-		`3 system conversationUpdate  {"status":"active"}`,
+		`2 system conversationUpdate  {"event":"conversation_closed","reason":"manual","status":"closed"}`,
+		`3 system conversationUpdate  {"event":"conversation_reopened","reason":"manual","status":"active"}`,
 		"4 user message after {}",
 	}
 	if strings.Join(got, "\n") != strings.Join(want, "\n") {
