@@ -345,10 +345,7 @@ func (s *server) clientListActivities(c *fiber.Ctx) error {
 	if !ok {
 		after, sent = 0, ""
 	}
-	limit := defaultListLimit
-	if n, err := strconv.Atoi(c.Query("limit")); err == nil && n > 0 {
-		limit = min(n, maxListLimit)
-	}
+	limit := listLimit(c.Query("limit"))
 	list, more, err := s.Store.ListActivities(c.UserContext(), cl.TenantID, id, after, limit)
 	if errors.Is(err, store.ErrNotFound) {
 		return fail(c, apierror.NotFound, nil)

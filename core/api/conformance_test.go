@@ -1,8 +1,12 @@
 package api_test
 
 import (
+	"context"
+	"fmt"
 	"net/http"
 	"testing"
+
+	"github.com/converger/edge/core/activity"
 )
 
 // Answers checked byte for byte against the documented behaviour of the system the core
@@ -30,7 +34,9 @@ func (r response) exact(t *testing.T, what string, status int, headers map[strin
 }
 
 // withRequestID adds x-request-id to h.
-func withRequestID(h map[string]string, id string) map[string]string { return withHeader(h, "x-request-id", id) }
+func withRequestID(h map[string]string, id string) map[string]string {
+	return withHeader(h, "x-request-id", id)
+}
 
 // jsonError is the envelope of an error without details.
 func jsonError(code, message, requestID string) string {
@@ -103,6 +109,40 @@ func TestConformanceCloseAndReopenEvents(t *testing.T) {
 		}
 		if d.Type != "conversationUpdate" || d.From.ID != "system" || string(d.ChannelData) != w {
 			t.Errorf("client API activity %d: %+v, want channelData %s", i, d, w)
+		}
+	}
+}
+
+// Item 4: a limit that is not a positive whole number is the default page size on both
+// APIs, and a too large one is the maximum.
+func TestConformanceListLimit(t *testing.T) {
+	e := newEnv(t, envOptions{})
+	s := e.setup("webhook")
+	tok := e.clientToken(s.secret, nil).Token
+	for i := range 101 {
+		if _, _, err := e.store.CreateActivity(context.Background(), activity.Client{Text: fmt.Sprint(i)},
+			activity.System{TenantID: s.tenantID, ConversationID: s.conv, Sender: "user"}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for q, want := range map[string]int{"bogus": 100, "": 100, "0": 100, "-1": 100, "1.5": 100, "2": 2,
+		"5000": 101, "99999999999999999999": 101} {
+		r := e.do(http.MethodGet, "/api/v1/conversations/"+s.conv+"/activities?limit="+q, nil, apiKey(s.key))
+		var l activityList
+		r.answer(t, 200, &l)
+		wantLimit := min(want, 100)
+		if want == 101 {
+			wantLimit = 1000
+		}
+		if r.header.Get("content-type") != "application/json" || len(l.Data) != min(want, 101) || l.Meta.Limit != wantLimit ||
+			l.Meta.HasMore != (want < 101) {
+			t.Errorf("tenant API limit=%s: %d activities, meta %+v, content-type %q", q, len(l.Data), l.Meta, r.header.Get("content-type"))
+		}
+		dl := e.do(http.MethodGet, "/api/v1/converger/conversations/"+s.conv+"/activities?limit="+q, nil, bearerHeader(tok))
+		var d dlList
+		dl.answer(t, 200, &d)
+		if len(d.Activities) != min(want, 101) || d.HasMore != (want < 101) {
+			t.Errorf("client API limit=%s: %d activities, has_more %v", q, len(d.Activities), d.HasMore)
 		}
 	}
 }

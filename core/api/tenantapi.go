@@ -37,6 +37,20 @@ const (
 	maxListLimit     = 1000
 )
 
+// listLimit reads the limit parameter of an activity list, the same on both APIs: the
+// default when it is absent or not a positive whole number, and at most maxListLimit
+// (a larger one, however large, is the maximum).
+func listLimit(q string) int {
+	n, err := strconv.Atoi(q)
+	if ne := (*strconv.NumError)(nil); errors.As(err, &ne) && ne.Err == strconv.ErrRange && !strings.HasPrefix(q, "-") {
+		return maxListLimit
+	}
+	if err != nil || n < 1 {
+		return defaultListLimit
+	}
+	return min(n, maxListLimit)
+}
+
 // maxIdempotencyKey bounds the x-idempotency-key header, in bytes.
 const maxIdempotencyKey = 255
 
@@ -250,8 +264,8 @@ func (s *server) tenantCreateActivity(c *fiber.Ctx) error {
 }
 
 // GET /conversations/:id/activities?watermark=&limit=: the activities after the
-// watermark, oldest first. A malformed watermark or limit is 400; an empty page echoes
-// the watermark sent.
+// watermark, oldest first. A malformed watermark is 400; a limit that is not a positive
+// whole number is the default (listLimit); an empty page echoes the watermark sent.
 func (s *server) tenantListActivities(c *fiber.Ctx) error {
 	id, ok := pathID(c)
 	if !ok {
@@ -264,14 +278,7 @@ func (s *server) tenantListActivities(c *fiber.Ctx) error {
 			return fail(c, errBadWatermark, nil)
 		}
 	}
-	limit := defaultListLimit
-	if q := c.Query("limit"); q != "" {
-		n, err := strconv.Atoi(q)
-		if err != nil || n < 1 {
-			return fail(c, apierror.BadRequest.WithMessage("limit must be a positive integer."), nil)
-		}
-		limit = min(n, maxListLimit)
-	}
+	limit := listLimit(c.Query("limit"))
 	list, more, err := s.Store.ListActivities(c.UserContext(), tenant(c).ID, id, after, limit)
 	if errors.Is(err, store.ErrNotFound) {
 		return fail(c, apierror.NotFound, nil)
