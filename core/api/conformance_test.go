@@ -146,3 +146,28 @@ func TestConformanceListLimit(t *testing.T) {
 		}
 	}
 }
+
+// Item 5: a signed inbound message with no text and no attachments is 422, and stores
+// nothing (no conversation either); an event needs neither.
+func TestConformanceEmptyInboundMessage(t *testing.T) {
+	e := newInboundEnv(t)
+	want := `{"error":{"code":"validation_failed","message":"Some fields are invalid.","details":{"fields":{"text":["no text and no attachments"]}},"request_id":"req-5"}}`
+	before := e.count(`SELECT count(*) FROM conversations`)
+	for _, body := range []string{`{}`, `{"sender":"+15550001","idempotency_key":"wamid.1"}`, `{"text":"  \n"}`,
+		`{"type":"message","text":"","attachments":[]}`, `{"text":null,"attachments":null}`} {
+		e.do(http.MethodPost, inboundPath(e.s.channelID), body, withRequestID(signed(e.s.secret, body, e.now), "req-5")).
+			exact(t, body, 422, map[string]string{"content-type": "application/json"}, want)
+	}
+	if n := e.count(`SELECT count(*) FROM activities`); n != 0 {
+		t.Fatalf("%d activities stored", n)
+	}
+	if n := e.count(`SELECT count(*) FROM conversations`); n != before {
+		t.Fatalf("%d conversations opened", n-before)
+	}
+	for _, body := range []string{`{"text":"hi"}`, `{"attachments":[{"contentType":"image/png","contentUrl":"https://example.com/a.png"}]}`,
+		`{"type":"event"}`, `{"type":"typing"}`} {
+		if r := e.deliver(e.s.channelID, e.s.secret, body); r.status != 201 {
+			t.Errorf("%s: %d %s", body, r.status, r.body)
+		}
+	}
+}
