@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net/http"
+	"strings"
 	"testing"
 
 	"github.com/converger/edge/core/activity"
@@ -169,5 +170,28 @@ func TestConformanceEmptyInboundMessage(t *testing.T) {
 		if r := e.deliver(e.s.channelID, e.s.secret, body); r.status != 201 {
 			t.Errorf("%s: %d %s", body, r.status, r.body)
 		}
+	}
+}
+
+// Item 6: the legacy token endpoint announces its deprecation as RFC 9745 does, on every
+// answer, with the successor link kept; the deprecation link leads to a notice.
+func TestConformanceLegacyTokenDeprecation(t *testing.T) {
+	e := newEnv(t, envOptions{})
+	s := e.setup("webhook")
+	headers := map[string]string{
+		"Deprecation": "@1796083200", // 2026-12-01T00:00:00Z
+		"Link":        `</api/v1/converger/tokens/generate>; rel="successor-version", </api/v1/tokens/deprecation>; rel="deprecation"; type="text/plain"`,
+	}
+	r := e.do(http.MethodPost, "/api/v1/tokens", map[string]any{"conversation_id": s.conv, "user_id": "alice"}, apiKey(s.key))
+	if r.status != 201 {
+		t.Fatalf("%d %s", r.status, r.body)
+	}
+	r.exact(t, "created", 201, headers, string(r.body))
+	e.do(http.MethodPost, "/api/v1/tokens", map[string]any{"conversation_id": s.conv}, withRequestID(nil, "req-6")).
+		exact(t, "no API key", 401, headers, jsonError("unauthorized", "A valid API key is required in the x-api-key header.", "req-6"))
+	notice := e.do(http.MethodGet, "/api/v1/tokens/deprecation", nil, nil)
+	if notice.status != 200 || notice.header.Get("content-type") != "text/plain; charset=utf-8" ||
+		!strings.HasPrefix(string(notice.body), "POST /api/v1/tokens is deprecated since 2026-12-01T00:00:00Z.") {
+		t.Fatalf("notice: %d %q %s", notice.status, notice.header.Get("content-type"), notice.body)
 	}
 }

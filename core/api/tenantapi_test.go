@@ -454,7 +454,7 @@ func TestLegacyToken(t *testing.T) {
 	if r.status != 201 || body.ExpiresIn != 3600 || body.Token == "" {
 		t.Fatalf("got %d %s", r.status, r.body)
 	}
-	if r.header.Get("Deprecation") != "true" || !strings.Contains(r.header.Get("Link"), `rel="successor-version"`) ||
+	if r.header.Get("Deprecation") != "@1796083200" || !strings.Contains(r.header.Get("Link"), `rel="successor-version"`) ||
 		!strings.Contains(r.header.Get("Link"), "</api/v1/converger/tokens/generate>") {
 		t.Fatalf("headers Deprecation %q Link %q", r.header.Get("Deprecation"), r.header.Get("Link"))
 	}
