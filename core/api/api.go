@@ -73,7 +73,10 @@ func New(d Deps) (*fiber.App, *Listener) {
 	if d.Pages != nil {
 		d.Pages(app)
 	}
-	app.Use(func(c *fiber.Ctx) error { return fail(c, apierror.NotFound, nil) })
+	// Past every route: fiber answers ErrMethodNotAllowed, with Allow listing the
+	// methods, when another method has a route for the path, else ErrNotFound; the error
+	// handler turns either into the envelope.
+	app.Use(func(c *fiber.Ctx) error { return c.Next() })
 	return app, &Listener{s: s}
 }
 

@@ -195,3 +195,31 @@ func TestConformanceLegacyTokenDeprecation(t *testing.T) {
 		t.Fatalf("notice: %d %q %s", notice.status, notice.header.Get("content-type"), notice.body)
 	}
 }
+
+// Item 7: a wrong method on an existing path is 405 with Allow; an unknown path stays
+// 404.
+func TestConformanceMethodNotAllowed(t *testing.T) {
+	e := newEnv(t, envOptions{})
+	s := e.setup("webhook")
+	for _, c := range []struct{ method, path, allow string }{
+		{http.MethodPut, "/api/v1/conversations/" + s.conv, "GET, HEAD"},
+		{http.MethodDelete, "/api/v1/conversations/" + s.conv, "GET, HEAD"},
+		{http.MethodGet, "/api/v1/conversations/" + s.conv + "/close", "POST"},
+		{http.MethodPatch, "/api/v1/conversations/" + s.conv + "/activities", "GET, HEAD, POST"},
+		{http.MethodGet, "/api/v1/converger/tokens/generate", "POST"},
+		{http.MethodPut, "/api/v1/converger/conversations/" + s.conv + "/activities", "GET, HEAD, POST"},
+		{http.MethodGet, "/api/v1/channels/" + s.channelID + "/inbound", "POST"},
+	} {
+		e.do(c.method, c.path, nil, withRequestID(apiKey(s.key), "req-7")).exact(t, c.method+" "+c.path, 405,
+			map[string]string{"content-type": "application/json", "allow": c.allow, "x-request-id": "req-7"},
+			jsonError("method_not_allowed", "Method not allowed.", "req-7"))
+	}
+	e.do(http.MethodPut, "/api/v1/nothing/here", nil, withRequestID(nil, "req-7")).exact(t, "unknown path", 404,
+		map[string]string{"content-type": "application/json", "allow": ""}, jsonError("not_found", "Not found.", "req-7"))
+	// Nothing was changed by the refused requests.
+	var c tenantConversation
+	e.do(http.MethodGet, "/api/v1/conversations/"+s.conv, nil, apiKey(s.key)).data(t, 200, &c)
+	if c.Status != "active" {
+		t.Fatalf("conversation %+v", c)
+	}
+}
