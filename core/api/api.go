@@ -61,6 +61,7 @@ func New(d Deps) (*fiber.App, *Listener) {
 		WriteTimeout:          30 * time.Second,
 		IdleTimeout:           2 * time.Minute,
 		ErrorHandler:          s.errorHandler,
+		JSONEncoder:           marshalJSON,
 	})
 	app.Use(s.requestID, s.recover)
 	for _, m := range d.Middleware {

@@ -223,3 +223,29 @@ func TestConformanceMethodNotAllowed(t *testing.T) {
 		t.Fatalf("conversation %+v", c)
 	}
 }
+
+// Item 8: JSON answers do not escape "&", "<" and ">".
+func TestConformanceJSONDoesNotEscapeHTML(t *testing.T) {
+	e := newEnv(t, envOptions{})
+	s := e.setup("webhook")
+	conv := e.startConversation(e.clientToken(s.secret, nil).Token)
+	e.dlPost(conv.Token, conv.ConversationID, map[string]any{"type": "message", "text": "a <b> & c"})
+	wm := e.dlList(conv.Token, conv.ConversationID, "").Watermark
+	r := e.do(http.MethodGet, "/api/v1/converger/conversations/"+conv.ConversationID+"?watermark="+wm, nil, bearerHeader(conv.Token))
+	var a conversationAnswer
+	r.answer(t, 200, &a)
+	want := `{"conversationId":"` + conv.ConversationID + `","token":"` + a.Token + `","expires_in":1800,"streamUrl":"ws` +
+		strings.TrimPrefix(e.base, "http") + `/api/v1/converger/conversations/` + conv.ConversationID + `/stream?t=` + a.Token +
+		`&watermark=` + wm + `"}`
+	r.exact(t, "reconnect", 200, map[string]string{"content-type": "application/json"}, want)
+	for _, path := range []string{"/api/v1/converger/conversations/" + conv.ConversationID + "/activities"} {
+		body := e.do(http.MethodGet, path, nil, bearerHeader(conv.Token)).body
+		if !strings.Contains(string(body), `"text":"a <b> & c"`) || strings.Contains(string(body), `\u00`) {
+			t.Errorf("GET %s: %s", path, body)
+		}
+	}
+	body := e.do(http.MethodGet, "/api/v1/conversations/"+conv.ConversationID+"/activities", nil, apiKey(s.key)).body
+	if !strings.Contains(string(body), `"text":"a <b> & c"`) || strings.Contains(string(body), `\u00`) {
+		t.Errorf("tenant API list: %s", body)
+	}
+}

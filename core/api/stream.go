@@ -12,7 +12,6 @@ package api
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -606,7 +605,7 @@ func (st *stream) send(list []activity.Activity) error {
 		list[i].Attachments = st.s.freshAttachmentURLs(list[i].Attachments)
 	}
 	last := list[len(list)-1].Seq
-	frame, err := json.Marshal(directLineActivitySet{Activities: directLineActivities(list), Watermark: encodeWatermark(last)})
+	frame, err := marshalJSON(directLineActivitySet{Activities: directLineActivities(list), Watermark: encodeWatermark(last)})
 	if err != nil {
 		return err
 	}

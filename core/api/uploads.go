@@ -172,7 +172,7 @@ func (s *server) clientUpload(c *fiber.Ctx) error {
 	}
 	client.Attachments = make([]json.RawMessage, 0, len(stored))
 	for _, f := range stored {
-		a, _ := json.Marshal(attachmentJSON{ContentType: f.ContentType, ContentURL: s.attachmentURL(f.ID), Name: f.Name})
+		a, _ := marshalJSON(attachmentJSON{ContentType: f.ContentType, ContentURL: s.attachmentURL(f.ID), Name: f.Name})
 		client.Attachments = append(client.Attachments, a)
 	}
 	// Validated before the files are stored, so that a refused activity stores nothing
@@ -380,13 +380,13 @@ func (s *server) freshAttachmentURLs(raw json.RawMessage) json.RawMessage {
 		if !ids.IsUUID(id) {
 			continue
 		}
-		a["contentUrl"], _ = json.Marshal(s.attachmentURL(id))
+		a["contentUrl"], _ = marshalJSON(s.attachmentURL(id))
 		changed = true
 	}
 	if !changed {
 		return raw
 	}
-	out, err := json.Marshal(list)
+	out, err := marshalJSON(list)
 	if err != nil {
 		return raw
 	}
