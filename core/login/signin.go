@@ -14,7 +14,9 @@ import (
 	"github.com/converger/edge/shared/buckets"
 )
 
-// The answers of the sign-in forms.
+// The answers of the sign-in forms. A refused password or code re-renders the form with
+// 200 and the message: a 401 must carry a WWW-Authenticate challenge, which a form login
+// has none of. The lockout is 429, an unavailable limiter 503.
 const (
 	msgInvalidLogin = "Invalid email or password."
 	msgInvalidCode  = "Invalid code."
@@ -142,7 +144,7 @@ func (p *Pages) login(rl realm) fiber.Handler {
 			utf8.RuneCountInString(tenant) > maxTenantNameLength || len(password) > passwords.MaxLength {
 			// Nothing was checked, so nothing is counted.
 			v.Error = msgInvalidLogin
-			return p.render(c, fiber.StatusUnauthorized, "login", v)
+			return p.render(c, fiber.StatusOK, "login", v)
 		}
 		ip, account := p.clientIP(c), accountKey(rl, tenant, email)
 		l, err := p.peekLockout(c, ip, account)
@@ -179,11 +181,11 @@ func (p *Pages) login(rl realm) fiber.Handler {
 		case found && !u.Active:
 			// A deactivated account cannot sign in and is not counted.
 			v.Error = msgInvalidLogin
-			return p.render(c, fiber.StatusUnauthorized, "login", v)
+			return p.render(c, fiber.StatusOK, "login", v)
 		case !found || !ok:
 			p.recordFailure(c, ip, account)
 			v.Error = msgInvalidLogin
-			return p.render(c, fiber.StatusUnauthorized, "login", v)
+			return p.render(c, fiber.StatusOK, "login", v)
 		}
 		if u.TOTPEnabled() {
 			if err := p.startSession(c, u, store.SessionTOTP); err != nil {
@@ -256,7 +258,7 @@ func (p *Pages) totpLogin(rl realm) fiber.Handler {
 		if !ok {
 			p.recordFailure(c, ip, account)
 			v.Error = msgInvalidCode
-			return p.render(c, fiber.StatusUnauthorized, "totp", v)
+			return p.render(c, fiber.StatusOK, "totp", v)
 		}
 		if err := p.startSession(c, s.user, store.SessionSignedIn); err != nil {
 			return p.internalError(c, rl, err)
