@@ -36,12 +36,17 @@ type Deps struct {
 	// Pages registers the HTML login pages (core/login), which answer their own errors
 	// and unknown paths below /admin and /portal with HTML; nil: none.
 	Pages func(fiber.Router)
+	// CORSOrigins are the origins whose pages may call the client API besides the
+	// tenants' own (CORS_ORIGINS): canonical origins (store.CanonicalOrigin), or
+	// CORSAnyOrigin alone for every origin. See cors.go.
+	CORSOrigins []string
 }
 
 // server holds the dependencies the handlers share.
 type server struct {
 	Deps
-	hub *hub
+	hub  *hub
+	cors *corsPolicy
 }
 
 // New returns the fiber app. Start the stream's fan-out with Listen.
@@ -52,7 +57,7 @@ func New(d Deps) (*fiber.App, *Listener) {
 	if d.Logger == nil {
 		d.Logger = slog.Default()
 	}
-	s := &server{Deps: d, hub: newHub()}
+	s := &server{Deps: d, hub: newHub(), cors: newCORSPolicy(d.CORSOrigins, d.PublicURL)}
 	app := fiber.New(fiber.Config{
 		AppName:               "converger-core",
 		DisableStartupMessage: true,
@@ -64,6 +69,7 @@ func New(d Deps) (*fiber.App, *Listener) {
 		JSONEncoder:           marshalJSON,
 	})
 	app.Use(s.requestID, s.recover)
+	app.Use(corsPath, s.corsHandler)
 	for _, m := range d.Middleware {
 		app.Use(m)
 	}

@@ -53,7 +53,8 @@ func bearer(c *fiber.Ctx) string {
 }
 
 // requireToken authenticates the client API: a valid Converger token (bearer, or the
-// t query parameter of the stream only) whose channel is still active.
+// t query parameter of the stream only) whose channel is still active, from an origin
+// its tenant allows (checkTenantOrigin).
 func (s *server) requireToken(c *fiber.Ctx) error {
 	tok := bearer(c)
 	if tok == "" && strings.HasSuffix(c.Path(), "/stream") {
@@ -70,6 +71,9 @@ func (s *server) requireToken(c *fiber.Ctx) error {
 		return fail(c, errToken, nil)
 	}
 	if err != nil {
+		return err
+	}
+	if ok, err := s.checkTenantOrigin(c, claims.TenantID); !ok {
 		return err
 	}
 	c.Locals(localClaims, claims)

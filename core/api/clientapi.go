@@ -106,6 +106,9 @@ func (s *server) issueChannelToken(c *fiber.Ctx, src string, lookup func(context
 	if err != nil {
 		return err
 	}
+	if ok, err := s.checkTenantOrigin(c, ch.TenantID); !ok {
+		return err
+	}
 	tok, err := s.Signer.Issue(token.Claims{TenantID: ch.TenantID, ChannelID: ch.ID, UserID: userID, Src: src}, s.Now())
 	if err != nil {
 		return err

@@ -411,6 +411,9 @@ func (s *server) attachmentDownload(c *fiber.Ctx) error {
 	if err != nil {
 		return err
 	}
+	if ok, err := s.checkTenantOrigin(c, a.TenantID); !ok {
+		return err
+	}
 	mt, _, _ := mime.ParseMediaType(a.ContentType)
 	disposition := "attachment"
 	if inlineContentTypes[mt] {

@@ -35,7 +35,7 @@ const (
 var coreVars = []string{
 	"CORE_ADDR=", "DATABASE_URL=", "PUBLIC_URL=", "TOKEN_", "ENCRYPTION_KEY=", "LIMITER_ADDR=",
 	"AUTHZ_ADDR=", "TRUSTED_PROXIES=", "ACTIVITY_MAX_", "UPLOAD_MAX_BYTES=", "LOG_LEVEL=",
-	"LOG_FORMAT=", "ADMIN_", "SMTP_", "SESSION_",
+	"LOG_FORMAT=", "ADMIN_", "SMTP_", "SESSION_", "CORS_ORIGINS=",
 }
 
 // core is a `core serve` process started by startCore.

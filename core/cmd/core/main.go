@@ -117,13 +117,14 @@ func serve(ctx context.Context, cfg *config.Config, log *slog.Logger) error {
 		Logger:         log,
 		Middleware:     middleware,
 		Pages:          pages.Register,
+		CORSOrigins:    cfg.CORSOrigins,
 	})
 	lctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	go listener.Run(lctx)
 	errc := make(chan error, 1)
 	go func() { errc <- app.Listen(cfg.Addr) }()
-	log.Info("core started", "addr", cfg.Addr, "public_url", cfg.PublicURL)
+	log.Info("core started", "addr", cfg.Addr, "public_url", cfg.PublicURL, "cors_origins", cfg.CORSOrigins)
 	select {
 	case err := <-errc:
 		return fmt.Errorf("CORE_ADDR %s: %w", cfg.Addr, err)
