@@ -52,9 +52,9 @@ const (
 	corsMaxAge = 600
 	// corsAllowMethods and corsAllowHeaders are what a preflight allows: the client
 	// API's methods, and the request headers that Direct Line clients and Web Chat send
-	// beyond the CORS-safelisted ones.
+	// beyond the CORS-safelisted ones (the Direct Line client's XMLHttpRequests add x-requested-with).
 	corsAllowMethods = "GET, POST"
-	corsAllowHeaders = "Authorization, Content-Type, x-idempotency-key, x-request-id, x-ms-bot-agent"
+	corsAllowHeaders = "Authorization, Content-Type, x-idempotency-key, x-request-id, x-ms-bot-agent, x-requested-with"
 	// corsExposeHeaders are the response headers scripts may read.
 	corsExposeHeaders = "retry-after, x-request-id"
 	// originsRefresh is how often the snapshot of the tenants' origins is reloaded

@@ -95,7 +95,7 @@ func allowedPreflight(t *testing.T, what string, r response, allowOrigin string)
 	r.exact(t, what, 204, map[string]string{
 		"Access-Control-Allow-Origin":      allowOrigin,
 		"Access-Control-Allow-Methods":     "GET, POST",
-		"Access-Control-Allow-Headers":     "Authorization, Content-Type, x-idempotency-key, x-request-id, x-ms-bot-agent",
+		"Access-Control-Allow-Headers":     "Authorization, Content-Type, x-idempotency-key, x-request-id, x-ms-bot-agent, x-requested-with",
 		"Access-Control-Max-Age":           "600",
 		"Access-Control-Expose-Headers":    "retry-after, x-request-id",
 		"Access-Control-Allow-Credentials": "",
