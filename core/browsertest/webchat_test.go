@@ -6,8 +6,6 @@ import (
 	"html/template"
 	"net"
 	"net/http"
-	"os"
-	"os/exec"
 	"path/filepath"
 	"regexp"
 	"strings"
@@ -18,43 +16,17 @@ import (
 	"github.com/chromedp/cdproto/network"
 	"github.com/chromedp/chromedp"
 	"github.com/chromedp/chromedp/kb"
+
+	"github.com/converger/edge/shared/npmci"
 )
 
 // webchatDir holds the pinned Web Chat package (package.json, package-lock.json); npm
 // installs it into its node_modules.
 const webchatDir = "testdata/webchat"
 
-// webchatBundle is Web Chat's prebuilt bundle: React and everything else in one script.
-var webchatBundle = filepath.Join(webchatDir, "node_modules", "botframework-webchat", "dist", "webchat.js")
-
-// installWebChat installs the pinned Web Chat package with npm ci when
-// package-lock.json is newer than what node_modules holds.
-func installWebChat(t *testing.T) {
-	t.Helper()
-	lock, err := os.Stat(filepath.Join(webchatDir, "package-lock.json"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	installed := filepath.Join(webchatDir, "node_modules", ".package-lock.json")
-	if st, err := os.Stat(installed); err == nil && !st.ModTime().Before(lock.ModTime()) {
-		if _, err := os.Stat(webchatBundle); err == nil {
-			return
-		}
-	}
-	npm, err := exec.LookPath("npm")
-	if err != nil {
-		t.Fatal("npm is needed to install Web Chat (Debian: apt-get install npm)")
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
-	defer cancel()
-	start := time.Now()
-	cmd := exec.CommandContext(ctx, npm, "ci", "--no-audit", "--no-fund", "--ignore-scripts")
-	cmd.Dir = webchatDir
-	if out, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("npm ci in %s: %v\n%s", webchatDir, err, out)
-	}
-	t.Logf("installed Web Chat with npm ci in %v", time.Since(start).Round(time.Millisecond))
-}
+// webchatBundle is Web Chat's prebuilt bundle (React and everything else in one
+// script), relative to webchatDir.
+var webchatBundle = filepath.Join("node_modules", "botframework-webchat", "dist", "webchat.js")
 
 // webchatPage is a customer's page that embeds Web Chat: it exchanges the channel's
 // publishable key for a token with the core (a cross-origin fetch, so a preflight) and
@@ -103,7 +75,7 @@ func startSite(t *testing.T, coreBase, publishableKey string) *site {
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /webchat.js", func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "text/javascript; charset=utf-8")
-		http.ServeFile(w, r, webchatBundle)
+		http.ServeFile(w, r, filepath.Join(webchatDir, webchatBundle))
 	})
 	mux.HandleFunc("GET /{$}", func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "text/html; charset=utf-8")
@@ -166,7 +138,7 @@ func (f *corsFailures) of(url string) string {
 func TestWebChatOnAnotherOrigin(t *testing.T) {
 	begin := time.Now()
 	execPath := chromium(t)
-	installWebChat(t)
+	npmci.Install(t, webchatDir, webchatBundle)
 	c := startCore(t, newAdmin(t))
 	c.command(t, "tenants", "create", "--name", "webchat")
 	out := c.command(t, "channels", "create", "--tenant", "webchat", "--name", "site", "--type", "echo")
