@@ -418,17 +418,27 @@ func (r *runner) tenant(st *store.Store, name string) (store.Tenant, error) {
 	return t, err
 }
 
-// channel looks a channel up by its tenant's name and its own.
-func (r *runner) channel(st *store.Store, tenantName, name string) (store.Tenant, store.Channel, error) {
-	t, err := r.tenant(st, tenantName)
+// openTenant opens DATABASE_URL (without a sealer) and looks a tenant up by name.
+func (r *runner) openTenant(name string) (*store.Store, store.Tenant, error) {
+	st, err := r.store(nil)
 	if err != nil {
-		return t, store.Channel{}, err
+		return nil, store.Tenant{}, err
+	}
+	t, err := r.tenant(st, name)
+	return st, t, err
+}
+
+// openChannel opens DATABASE_URL and looks a channel up by its tenant's name and its own.
+func (r *runner) openChannel(tenantName, name string) (*store.Store, store.Tenant, store.Channel, error) {
+	st, t, err := r.openTenant(tenantName)
+	if err != nil {
+		return nil, t, store.Channel{}, err
 	}
 	c, err := st.ChannelByName(r.ctx, t.ID, name)
 	if errors.Is(err, store.ErrNotFound) {
-		return t, c, failf("tenant %s has no channel named %q", t.Name, name)
+		return nil, t, c, failf("tenant %s has no channel named %q", t.Name, name)
 	}
-	return t, c, err
+	return st, t, c, err
 }
 
 // describe turns an error into a message for the operator.

@@ -52,11 +52,7 @@ func originsSet(r *runner, origins []string) error {
 	if len(canonical) > store.MaxTenantOrigins {
 		return r.usagef("a tenant has at most %d origins", store.MaxTenantOrigins)
 	}
-	st, err := r.store(nil)
-	if err != nil {
-		return err
-	}
-	t, err := r.tenant(st, r.o.name)
+	st, t, err := r.openTenant(r.o.name)
 	if err != nil {
 		return err
 	}
@@ -80,11 +76,7 @@ func originsShow(r *runner, _ []string) error {
 	if err := r.required("name", r.o.name); err != nil {
 		return err
 	}
-	st, err := r.store(nil)
-	if err != nil {
-		return err
-	}
-	t, err := r.tenant(st, r.o.name)
+	st, t, err := r.openTenant(r.o.name)
 	if err != nil {
 		return err
 	}

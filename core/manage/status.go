@@ -58,11 +58,7 @@ func tenantStatus(status string) func(*runner, []string) error {
 		if err := r.required("name", r.o.name); err != nil {
 			return err
 		}
-		st, err := r.store(nil)
-		if err != nil {
-			return err
-		}
-		t, err := r.tenant(st, r.o.name)
+		st, t, err := r.openTenant(r.o.name)
 		if err != nil {
 			return err
 		}
@@ -91,11 +87,7 @@ func channelStatus(status string) func(*runner, []string) error {
 		if err := r.required("tenant", r.o.tenant, "name", r.o.name); err != nil {
 			return err
 		}
-		st, err := r.store(nil)
-		if err != nil {
-			return err
-		}
-		t, c, err := r.channel(st, r.o.tenant, r.o.name)
+		st, t, c, err := r.openChannel(r.o.tenant, r.o.name)
 		if err != nil {
 			return err
 		}
@@ -126,11 +118,7 @@ func channelsUpdate(r *runner, _ []string) error {
 	if !r.o.requireSignature.set {
 		return r.usagef("nothing to update: give --require-signature=true or --require-signature=false")
 	}
-	st, err := r.store(nil)
-	if err != nil {
-		return err
-	}
-	t, c, err := r.channel(st, r.o.tenant, r.o.name)
+	st, t, c, err := r.openChannel(r.o.tenant, r.o.name)
 	if err != nil {
 		return err
 	}

@@ -106,11 +106,7 @@ func usersCreate(r *runner, _ []string) error {
 	if err != nil {
 		return err
 	}
-	st, err := r.store(nil)
-	if err != nil {
-		return err
-	}
-	t, err := r.tenant(st, r.o.tenant)
+	st, t, err := r.openTenant(r.o.tenant)
 	if err != nil {
 		return err
 	}
@@ -164,11 +160,7 @@ func userStatus(status string) func(*runner, []string) error {
 		if err := r.required("tenant", r.o.tenant, "email", r.o.email); err != nil {
 			return err
 		}
-		st, err := r.store(nil)
-		if err != nil {
-			return err
-		}
-		t, err := r.tenant(st, r.o.tenant)
+		st, t, err := r.openTenant(r.o.tenant)
 		if err != nil {
 			return err
 		}
