@@ -93,7 +93,9 @@ func (c *cache[K, V]) get(k K) (V, Status) {
 		it = &item[V]{}
 		c.m[k] = it
 	}
-	if c.d.breaker.closed() {
+	// A load that finished between the read lock and this one filled the item: no
+	// second load for it.
+	if c.d.breaker.closed() && (!it.filled || !now.Before(it.expires)) {
 		c.startLocked(k, it)
 	}
 	wait := it.loading
