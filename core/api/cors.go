@@ -163,13 +163,14 @@ func (p *corsPolicy) run(ctx context.Context, st *store.Store, log *slog.Logger)
 }
 
 // sameOrigin reports whether a canonical origin is the core's own: PUBLIC_URL's, or
-// that of the Host the request was sent to.
+// that of the Host the request was sent to (the Host header itself: fiber's Hostname
+// would take X-Forwarded-Host from anyone).
 func (p *corsPolicy) sameOrigin(c *fiber.Ctx, origin string) bool {
 	if origin == p.self {
 		return true
 	}
 	scheme, _, _ := strings.Cut(origin, "://")
-	host, err := store.CanonicalOrigin(scheme + "://" + c.Hostname())
+	host, err := store.CanonicalOrigin(scheme + "://" + string(c.Request().Host()))
 	return err == nil && host == origin
 }
 

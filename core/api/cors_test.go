@@ -151,6 +151,9 @@ func TestCORSListedOrigins(t *testing.T) {
 	refusedPreflight(t, "unlisted origin", e.preflight(e.base, path, unlisted))
 	refusedPreflight(t, "the null origin", e.preflight(e.base, path, "null"))
 	refusedPreflight(t, "another port of a listed host", e.preflight(e.base, path, siteA+":8443"))
+	refusedPreflight(t, "a huge origin", e.preflight(e.base, path, "https://"+strings.Repeat("a", 1000)+".example"))
+	refusedPreflight(t, "a non-ASCII origin", e.preflight(e.base, path, "https://sh\xf6p.example.com"))
+	refusedPreflight(t, "a listed origin with a path", e.preflight(e.base, path, siteA+"/cart"))
 	// Preflights of every client API path, the stream's and the attachments' too.
 	for _, p := range []string{"/api/v1/converger/conversations", "/api/v1/converger/conversations/" + s.conv + "/upload",
 		"/api/v1/converger/attachments/" + missingID, "/api/v1/converger/conversations/" + s.conv + "/stream"} {
@@ -200,6 +203,12 @@ func TestCORSListedOrigins(t *testing.T) {
 		}
 		corsHeaders(t, "same origin "+own, r, "")
 	}
+	// X-Forwarded-Host does not make another origin the core's own.
+	req, _ := http.NewRequest(http.MethodPost, e.base+path, nil)
+	req.Header.Set("Authorization", "Bearer "+s.secret)
+	req.Header.Set("Origin", unlisted)
+	req.Header.Set("X-Forwarded-Host", strings.TrimPrefix(unlisted, "https://"))
+	send(t, req).errorCode(t, 403, "forbidden")
 	// No Origin (a server, a Direct Line client outside a browser): no CORS headers.
 	r = e.do(http.MethodPost, path, nil, bearerHeader(s.secret))
 	if r.status != 200 {
