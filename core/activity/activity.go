@@ -172,8 +172,11 @@ func (c *Client) Validate(l Limits) FieldErrors {
 	}
 	for i, a := range c.Attachments {
 		norm, msg := CheckObject(a, l.MaxAttachmentBytes)
+		if msg == "" {
+			msg = checkContentType(norm)
+		}
 		if msg != "" {
-			errs.add("attachments", fmt.Sprintf("attachment %d %s", i, msg))
+			errs.add("attachments", fmt.Sprintf("attachment %d: %s", i, msg))
 			continue
 		}
 		c.Attachments[i] = norm
@@ -189,6 +192,27 @@ func (c *Client) Validate(l Limits) FieldErrors {
 		return errs
 	}
 	return nil
+}
+
+// checkContentType returns why an attachment (a JSON object) has no usable
+// contentType, or "": every attachment says what it is, as in Direct Line.
+func checkContentType(attachment json.RawMessage) string {
+	// A map, not a struct: encoding/json would also take "contenttype" for a struct's
+	// field.
+	var a map[string]json.RawMessage
+	_ = json.Unmarshal(attachment, &a) // an object: CheckObject said so
+	raw, ok := a["contentType"]
+	if !ok || isNull(raw) {
+		return "contentType can't be blank"
+	}
+	var ct string
+	if json.Unmarshal(raw, &ct) != nil {
+		return "contentType must be a string"
+	}
+	if strings.TrimSpace(ct) == "" {
+		return "contentType can't be blank"
+	}
+	return ""
 }
 
 // AttachmentsJSON returns the attachments as one JSON array.

@@ -100,7 +100,7 @@ func TestValidateDefaultsAndLimits(t *testing.T) {
 			t.Fatalf("type %s: %v", typ, errs)
 		}
 	}
-	l := Limits{MaxTextBytes: 4, MaxAttachments: 2, MaxAttachmentBytes: 15, MaxMetadataBytes: 15}
+	l := Limits{MaxTextBytes: 4, MaxAttachments: 2, MaxAttachmentBytes: 32, MaxMetadataBytes: 15}
 	raw := func(s string) json.RawMessage { return json.RawMessage(s) }
 	for _, tc := range []struct {
 		name  string
@@ -110,10 +110,16 @@ func TestValidateDefaultsAndLimits(t *testing.T) {
 		{"unknown type", Client{Type: "invoke"}, "type"},
 		{"text bytes", Client{Text: "éé1"}, "text"}, // 5 bytes, 3 characters
 		{"NUL in text", Client{Text: "a\x00"}, "text"},
-		{"attachment count", Client{Attachments: []json.RawMessage{raw(`{}`), raw(`{}`), raw(`{}`)}}, "attachments"},
-		{"attachment size", Client{Attachments: []json.RawMessage{raw(`{"k":"12345678"}`)}}, "attachments"},
+		{"attachment count", Client{Attachments: []json.RawMessage{raw(`{"contentType":"a"}`), raw(`{"contentType":"a"}`),
+			raw(`{"contentType":"a"}`)}}, "attachments"},
+		{"attachment size", Client{Attachments: []json.RawMessage{raw(`{"contentType":"a","k":"12345678"}`)}}, "attachments"},
 		{"attachment not an object", Client{Attachments: []json.RawMessage{raw(`[1]`)}}, "attachments"},
-		{"NUL in an attachment", Client{Attachments: []json.RawMessage{raw(`{"k":"\u0000"}`)}}, "attachments"},
+		{"NUL in an attachment", Client{Attachments: []json.RawMessage{raw(`{"contentType":"a","k":"\u0000"}`)}}, "attachments"},
+		{"attachment without contentType", Client{Attachments: []json.RawMessage{raw(`{"k":"1"}`)}}, "attachments"},
+		{"attachment with a contenttype", Client{Attachments: []json.RawMessage{raw(`{"contenttype":"a"}`)}}, "attachments"},
+		{"attachment with a null contentType", Client{Attachments: []json.RawMessage{raw(`{"contentType":null}`)}}, "attachments"},
+		{"attachment with a blank contentType", Client{Attachments: []json.RawMessage{raw(`{"contentType":" "}`)}}, "attachments"},
+		{"attachment with a number contentType", Client{Attachments: []json.RawMessage{raw(`{"contentType":1}`)}}, "attachments"},
 		{"metadata size", Client{Metadata: raw(`{"k":"12345678"}`)}, "metadata"},
 		{"metadata not an object", Client{Metadata: raw(`[]`)}, "metadata"},
 		{"metadata null", Client{Metadata: raw(`null`)}, "metadata"},
@@ -126,12 +132,25 @@ func TestValidateDefaultsAndLimits(t *testing.T) {
 		}
 	}
 	// Sizes are of compacted JSON: spacing does not count.
-	c = Client{Text: "1234", Attachments: []json.RawMessage{raw(`{ "k" : "1234567" }`), raw(`{}`)}, Metadata: raw(`{ "k" : "1234567" }`)}
+	c = Client{Text: "1234", Attachments: []json.RawMessage{raw(`{ "contentType" : "a", "k" : "1234" }`), raw(`{"contentType":"b"}`)},
+		Metadata: raw(`{ "k" : "1234567" }`)}
 	if errs := c.Validate(l); errs != nil {
 		t.Fatalf("at the limits: %v", errs)
 	}
-	if string(c.Metadata) != `{"k":"1234567"}` || string(c.AttachmentsJSON()) != `[{"k":"1234567"},{}]` {
+	if string(c.Metadata) != `{"k":"1234567"}` || string(c.AttachmentsJSON()) != `[{"contentType":"a","k":"1234"},{"contentType":"b"}]` {
 		t.Fatalf("normalised %s %s", c.Metadata, c.AttachmentsJSON())
+	}
+}
+
+// Every attachment carries a contentType; the 422 names the attachment by its index.
+func TestAttachmentContentType(t *testing.T) {
+	raw := func(s string) json.RawMessage { return json.RawMessage(s) }
+	c := Client{Attachments: []json.RawMessage{raw(`{"contentType":"image/png","contentUrl":"https://x/a.png"}`),
+		raw(`{"contentUrl":"https://x/b.png"}`), raw(`{"contentType":7}`)}}
+	errs := c.Validate(DefaultLimits)
+	want := []string{"attachment 1: contentType can't be blank", "attachment 2: contentType must be a string"}
+	if len(errs) != 1 || !slices.Equal(errs["attachments"], want) {
+		t.Fatalf("errors %v, want attachments %q", errs, want)
 	}
 }
 

@@ -43,6 +43,10 @@ type Deps struct {
 	// (LIMITER_ADDR), so that they share the tenant API's budget, or one in this
 	// process; nil: not counted.
 	Limiter Limiter
+	// CORSOrigins are the origins whose pages may call the client API besides the
+	// tenants' own (CORS_ORIGINS): canonical origins (store.CanonicalOrigin), or
+	// CORSAnyOrigin alone for every origin. See cors.go.
+	CORSOrigins []string
 }
 
 // Limiter is the part of the sidecar's Limiter service the API uses;
@@ -59,6 +63,7 @@ type server struct {
 	sockets *socketCounts
 	// limiterFailing is set while the Limiter does not answer (logged once).
 	limiterFailing atomic.Bool
+	cors           *corsPolicy
 }
 
 // New returns the fiber app. Start the stream's fan-out with Listen.
@@ -69,7 +74,7 @@ func New(d Deps) (*fiber.App, *Listener) {
 	if d.Logger == nil {
 		d.Logger = slog.Default()
 	}
-	s := &server{Deps: d, hub: newHub(), sockets: newSocketCounts()}
+	s := &server{Deps: d, hub: newHub(), sockets: newSocketCounts(), cors: newCORSPolicy(d.CORSOrigins, d.PublicURL)}
 	app := fiber.New(fiber.Config{
 		AppName:               "converger-core",
 		DisableStartupMessage: true,
@@ -78,8 +83,10 @@ func New(d Deps) (*fiber.App, *Listener) {
 		WriteTimeout:          30 * time.Second,
 		IdleTimeout:           2 * time.Minute,
 		ErrorHandler:          s.errorHandler,
+		JSONEncoder:           marshalJSON,
 	})
 	app.Use(s.requestID, s.recover)
+	app.Use(corsPath, s.corsHandler)
 	for _, m := range d.Middleware {
 		app.Use(m)
 	}
@@ -90,7 +97,10 @@ func New(d Deps) (*fiber.App, *Listener) {
 	if d.Pages != nil {
 		d.Pages(app)
 	}
-	app.Use(func(c *fiber.Ctx) error { return fail(c, apierror.NotFound, nil) })
+	// Past every route: fiber answers ErrMethodNotAllowed, with Allow listing the
+	// methods, when another method has a route for the path, else ErrNotFound; the error
+	// handler turns either into the envelope.
+	app.Use(func(c *fiber.Ctx) error { return c.Next() })
 	return app, &Listener{s: s}
 }
 

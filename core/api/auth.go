@@ -53,7 +53,8 @@ func bearer(c *fiber.Ctx) string {
 }
 
 // requireToken authenticates the client API: a valid Converger token (bearer, or the
-// t query parameter of the stream only) whose channel is still active.
+// t query parameter of the stream only) whose channel is still active, from an origin
+// its tenant allows (checkTenantOrigin).
 func (s *server) requireToken(c *fiber.Ctx) error {
 	tok := bearer(c)
 	if tok == "" && strings.HasSuffix(c.Path(), "/stream") {
@@ -72,6 +73,9 @@ func (s *server) requireToken(c *fiber.Ctx) error {
 	if err != nil {
 		return err
 	}
+	if ok, err := s.checkTenantOrigin(c, claims.TenantID); !ok {
+		return err
+	}
 	c.Locals(localClaims, claims)
 	return c.Next()
 }
@@ -83,7 +87,8 @@ func claims(c *fiber.Ctx) *token.Claims {
 }
 
 // tokenAllows reports whether a token may touch a conversation: an unbound token any
-// conversation of its channel, a bound one only its own. Callers answer 403 otherwise.
+// conversation of its channel, a bound one only its own. Callers answer 404 otherwise,
+// as for a missing conversation.
 func tokenAllows(cl *token.Claims, conv store.Conversation) bool {
 	if conv.TenantID != cl.TenantID || conv.ChannelID != cl.ChannelID {
 		return false

@@ -21,11 +21,12 @@ import (
 //
 // Token scope: an unbound token (from a secret or a publishable key) may create
 // conversations of its channel and touch any conversation of its channel; a token bound
-// to a conversation touches only that one. Every conversation a token may not touch —
-// a missing one, another tenant's, another channel's, another than the bound one —
-// answers the same 403, so that a token can tell none of them apart (and Direct Line
-// clients already stop on 403). requireToken re-checks on every request that the
-// channel (and its tenant) is active.
+// to a conversation touches only that one. A bound token on any other conversation is
+// 403 (the token does not grant it, whatever the id). For an unbound token, every
+// conversation it may not touch — another channel's, another tenant's, a malformed id —
+// answers exactly like a missing one, 404 not_found: Direct Line clients take 403 as
+// "token expired" and would start refreshing. requireToken re-checks on every request
+// that the channel (and its tenant) is active.
 func (s *server) clientAPI(r fiber.Router) {
 	r.Post("/tokens/generate", s.clientGenerateToken)
 	r.Post("/tokens/publishable", s.clientPublishableToken)
@@ -42,7 +43,7 @@ var (
 	errNoCredential = apierror.Forbidden.WithMessage("A channel credential is required in the Authorization header.")
 	errCredential   = apierror.Forbidden.WithMessage("Invalid channel credential.")
 	errTokenAsKey   = apierror.BadRequest.WithMessage("A token was sent where a channel credential is expected; refresh tokens with POST /tokens/refresh.")
-	// errConversationAccess answers every conversation a token may not touch.
+	// errConversationAccess answers a bound token on another conversation than its own.
 	errConversationAccess = apierror.Forbidden.WithMessage("The token does not grant access to this conversation.")
 )
 
@@ -103,6 +104,9 @@ func (s *server) issueChannelToken(c *fiber.Ctx, src string, lookup func(context
 		return fail(c, errCredential, nil)
 	}
 	if err != nil {
+		return err
+	}
+	if ok, err := s.checkTenantOrigin(c, ch.TenantID); !ok {
 		return err
 	}
 	tok, err := s.Signer.Issue(token.Claims{TenantID: ch.TenantID, ChannelID: ch.ID, UserID: userID, Src: src}, s.Now())
@@ -191,7 +195,7 @@ func (s *server) clientStartConversation(c *fiber.Ctx) error {
 	if cl.ConversationID != "" {
 		conv, err = s.Store.Conversation(c.UserContext(), cl.TenantID, cl.ConversationID)
 		if errors.Is(err, store.ErrNotFound) || (err == nil && !tokenAllows(cl, conv)) {
-			return fail(c, errConversationAccess, nil)
+			return fail(c, apierror.NotFound, nil)
 		}
 		status = fiber.StatusOK
 	} else {
@@ -211,17 +215,33 @@ func (s *server) clientStartConversation(c *fiber.Ctx) error {
 		StreamURL: s.streamURL(conv.ID, tok, "")})
 }
 
-// clientConversation returns the conversation of the URL when the token may touch it;
-// otherwise it answers 403 and ok is false (err is the answer's error).
-func (s *server) clientConversation(c *fiber.Ctx) (conv store.Conversation, ok bool, err error) {
+// conversationID returns the conversation id of the URL when the token's scope can
+// include it; otherwise it answers (403 for a bound token on another conversation, 404
+// for a malformed id) and ok is false (err is the answer's error).
+func conversationID(c *fiber.Ctx) (id string, ok bool, err error) {
 	cl := claims(c)
 	id, valid := pathID(c)
-	if !valid || (cl.ConversationID != "" && cl.ConversationID != id) {
-		return conv, false, fail(c, errConversationAccess, nil)
+	switch {
+	case cl.ConversationID != "" && cl.ConversationID != id:
+		return "", false, fail(c, errConversationAccess, nil)
+	case !valid:
+		return "", false, fail(c, apierror.NotFound, nil)
+	}
+	return id, true, nil
+}
+
+// clientConversation returns the conversation of the URL when the token may touch it;
+// otherwise it answers (see conversationID; a conversation of another channel or
+// tenant is 404, as a missing one) and ok is false (err is the answer's error).
+func (s *server) clientConversation(c *fiber.Ctx) (conv store.Conversation, ok bool, err error) {
+	cl := claims(c)
+	id, ok, err := conversationID(c)
+	if !ok {
+		return conv, false, err
 	}
 	conv, err = s.Store.Conversation(c.UserContext(), cl.TenantID, id)
 	if errors.Is(err, store.ErrNotFound) || (err == nil && !tokenAllows(cl, conv)) {
-		return conv, false, fail(c, errConversationAccess, nil)
+		return conv, false, fail(c, apierror.NotFound, nil)
 	}
 	if err != nil {
 		return conv, false, err
@@ -255,9 +275,9 @@ func (s *server) clientReconnect(c *fiber.Ctx) error {
 // the activity carries when it comes back on the stream or a list.
 func (s *server) clientCreateActivity(c *fiber.Ctx) error {
 	cl := claims(c)
-	id, valid := pathID(c)
-	if !valid || (cl.ConversationID != "" && cl.ConversationID != id) {
-		return fail(c, errConversationAccess, nil)
+	id, ok, err := conversationID(c)
+	if !ok {
+		return err
 	}
 	if cl.ConversationID == "" {
 		// An unbound token: the conversation must be of its channel. (A bound token's
@@ -277,7 +297,7 @@ func (s *server) clientCreateActivity(c *fiber.Ctx) error {
 	sys := activity.System{TenantID: cl.TenantID, ConversationID: id, Sender: activity.Sender(body, "user"), IdempotencyKey: key}
 	a, created, err := s.Store.CreateActivity(c.UserContext(), client, sys)
 	if err != nil {
-		return activityError(c, channelDataErrors(body, err), errConversationAccess)
+		return activityError(c, channelDataErrors(body, err), apierror.NotFound)
 	}
 	if created {
 		s.echo(c, a)
@@ -314,9 +334,9 @@ func channelDataErrors(body []byte, err error) error {
 // beginning; an invalid limit is the default one. Never rate limited.
 func (s *server) clientListActivities(c *fiber.Ctx) error {
 	cl := claims(c)
-	id, valid := pathID(c)
-	if !valid || (cl.ConversationID != "" && cl.ConversationID != id) {
-		return fail(c, errConversationAccess, nil)
+	id, ok, err := conversationID(c)
+	if !ok {
+		return err
 	}
 	if cl.ConversationID == "" {
 		if _, ok, err := s.clientConversation(c); !ok {
@@ -328,13 +348,10 @@ func (s *server) clientListActivities(c *fiber.Ctx) error {
 	if !ok {
 		after, sent = 0, ""
 	}
-	limit := defaultListLimit
-	if n, err := strconv.Atoi(c.Query("limit")); err == nil && n > 0 {
-		limit = min(n, maxListLimit)
-	}
+	limit := listLimit(c.Query("limit"))
 	list, more, err := s.Store.ListActivities(c.UserContext(), cl.TenantID, id, after, limit)
 	if errors.Is(err, store.ErrNotFound) {
-		return fail(c, errConversationAccess, nil)
+		return fail(c, apierror.NotFound, nil)
 	}
 	if err != nil {
 		return err

@@ -367,8 +367,11 @@ func TestClientActivities(t *testing.T) {
 	}
 }
 
-// A bound token touches only its own conversation; an unbound one only its channel's;
-// everything else is the same 403.
+// A bound token touches only its own conversation: any other is 403 "The token does not
+// grant access to this conversation.". An unbound one touches only its channel's: any
+// other conversation — another channel's, another tenant's, a malformed id — answers
+// exactly like a missing one, 404 not_found (Direct Line clients take 403 as "token
+// expired").
 func TestClientTokenScope(t *testing.T) {
 	e := newEnv(t, envOptions{})
 	s := e.setup("webhook")
@@ -386,6 +389,7 @@ func TestClientTokenScope(t *testing.T) {
 			{"GET", "/api/v1/converger/conversations/" + id, ""},
 			{"POST", "/api/v1/converger/conversations/" + id + "/activities", `{"type":"message","text":"x"}`},
 			{"GET", "/api/v1/converger/conversations/" + id + "/activities", ""},
+			{"POST", "/api/v1/converger/conversations/" + id + "/upload", ""},
 		}
 	}
 	do := func(tok string, c call) response {
@@ -396,16 +400,29 @@ func TestClientTokenScope(t *testing.T) {
 		return e.do(c.method, c.path, body, bearerHeader(tok))
 	}
 	for i, c := range calls(missingID) {
-		missing := do(a.Token, c)
-		missing.errorCode(t, 403, "forbidden")
-		// A's bound token on B, on another channel's and another tenant's conversation,
-		// and on a malformed id.
-		for _, id := range []string{b.ConversationID, otherChConv.ConversationID, other.conv, "nope"} {
-			sameAnswer(t, "bound "+c.method+" "+c.path, missing, do(a.Token, calls(id)[i]))
+		missing := do(unbound, c)
+		if missing.status != 404 || missing.header.Get("content-type") != "application/json" ||
+			!strings.HasPrefix(string(missing.body), `{"error":{"code":"not_found","message":"Not found.","details":{},"request_id":"`) {
+			t.Fatalf("unbound %s %s on a missing conversation: %d %s %s", c.method, c.path, missing.status,
+				missing.header.Get("content-type"), missing.body)
 		}
-		// The unbound token on another channel's and another tenant's conversation.
-		for _, id := range []string{otherChConv.ConversationID, other.conv, missingID} {
+		// The unbound token on another channel's and another tenant's conversation, and
+		// on a malformed id.
+		for _, id := range []string{otherChConv.ConversationID, other.conv, "nope"} {
 			sameAnswer(t, "unbound "+c.method+" "+c.path, missing, do(unbound, calls(id)[i]))
+		}
+		// A's bound token on B, on another channel's and another tenant's conversation,
+		// on a missing one and on a malformed id.
+		foreign := do(a.Token, calls(b.ConversationID)[i])
+		foreign.errorCode(t, 403, "forbidden")
+		if !strings.Contains(string(foreign.body), `"message":"The token does not grant access to this conversation."`) {
+			t.Fatalf("bound %s %s on another conversation: %s", c.method, c.path, foreign.body)
+		}
+		for _, id := range []string{otherChConv.ConversationID, other.conv, missingID, "nope"} {
+			sameAnswer(t, "bound "+c.method+" "+c.path, foreign, do(a.Token, calls(id)[i]))
+		}
+		if c.method == "POST" && strings.HasSuffix(c.path, "/upload") {
+			continue // no multipart body here; uploads are tested with files elsewhere
 		}
 		// The unbound token on its channel's conversations, and the bound one on its own.
 		if r := do(unbound, calls(b.ConversationID)[i]); r.status != 200 {

@@ -141,6 +141,9 @@ func (s *server) inboundMessage(c *fiber.Ctx) error {
 	if err != nil {
 		return inboundBodyError(c, err)
 	}
+	if errs := m.Check(s.Limits); errs != nil {
+		return failValidation(c, errs)
+	}
 	convID := m.ConversationID
 	if convID != "" {
 		if !ids.IsUUID(convID) {

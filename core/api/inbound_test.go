@@ -268,7 +268,11 @@ func TestInboundRefusingChannels(t *testing.T) {
 		}
 	})
 	t.Run("other methods", func(t *testing.T) {
-		e.do("GET", inboundPath(e.s.channelID), nil, nil).errorCode(t, 404, "not_found")
+		r := e.do("GET", inboundPath(e.s.channelID), nil, nil)
+		r.errorCode(t, 405, "method_not_allowed")
+		if r.header.Get("allow") != "POST" {
+			t.Fatalf("Allow %q", r.header.Get("allow"))
+		}
 	})
 }
 

@@ -6,10 +6,16 @@ import (
 
 	"github.com/converger/edge/core/activity"
 	"github.com/converger/edge/core/store"
+	"github.com/converger/edge/shared/apierror"
 )
 
 // The response shapes: snake_case for the tenant API (§4), Direct Line camelCase for the
 // client API and its stream (§5).
+
+// marshalJSON is how every JSON answer and frame is encoded (fiber's JSONEncoder too):
+// without HTML escaping, so that a streamUrl reads "…?t=…&watermark=…" rather than
+// "\u0026watermark", and texts keep their "<", ">" and "&".
+var marshalJSON = apierror.Marshal
 
 // timestampLayout is RFC 3339 with milliseconds, as Direct Line clients expect.
 const timestampLayout = "2006-01-02T15:04:05.000Z07:00"

@@ -354,7 +354,7 @@ func (lc *legacyConn) answer(m legacyInbound) error {
 			return err
 		}
 	}
-	frame, err := json.Marshal(reply)
+	frame, err := marshalJSON(reply)
 	if err != nil {
 		return err
 	}
@@ -427,7 +427,7 @@ func (lc *legacyConn) push() error {
 			return nil
 		}
 		for _, a := range list {
-			frame, err := json.Marshal(legacyPush{Event: legacyEventNewActivity, Payload: legacyActivityJSON{
+			frame, err := marshalJSON(legacyPush{Event: legacyEventNewActivity, Payload: legacyActivityJSON{
 				ID: a.ID, Seq: a.Seq, Type: a.Type, Text: a.Text, Sender: a.Sender,
 				Attachments:    orEmpty(lc.s.freshAttachmentURLs(a.Attachments), "[]"),
 				Metadata:       orEmpty(a.Metadata, "{}"),

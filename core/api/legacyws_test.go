@@ -525,7 +525,11 @@ func TestLegacyWebSocketRefusedAtConnect(t *testing.T) {
 	tok := e.legacyToken(s, "alice")
 	e.do("GET", legacyPath(tok), nil, nil).errorCode(t, 400, "bad_request")
 	// Other methods are not the socket.
-	e.do("POST", legacyPath(tok), nil, nil).errorCode(t, 404, "not_found")
+	r := e.do("POST", legacyPath(tok), nil, nil)
+	r.errorCode(t, 405, "method_not_allowed")
+	if r.header.Get("allow") != "GET, HEAD" {
+		t.Fatalf("Allow %q", r.header.Get("allow"))
+	}
 	// Nothing of the above created anything.
 	if n := e.count(`SELECT count(*) FROM activities`); n != 0 {
 		t.Fatalf("%d activities", n)

@@ -12,7 +12,6 @@ package api
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -200,9 +199,12 @@ func (l *Listener) Streams() int { return l.s.hub.subscribers() }
 // Run listens until ctx ends, on a connection of its own taken out of the store's pool.
 // When the connection breaks it reconnects with backoff, and once listening again every
 // stream re-reads from its last seq, since notifications may have been missed. When Run
-// returns, every stream is closed (1001, going away).
+// returns, every stream is closed (1001, going away). The same connection follows
+// NOTIFY tenant_changes for the tenants' CORS origins (cors.go), which Run also keeps
+// loaded.
 func (l *Listener) Run(ctx context.Context) {
 	defer l.s.hub.cancel()
+	go l.s.cors.run(ctx, l.s.Store, l.s.Logger)
 	const firstBackoff = 100 * time.Millisecond
 	backoff := firstBackoff
 	reported := false // the current interruption has been logged
@@ -241,16 +243,21 @@ func (l *Listener) listenOnce(ctx context.Context) error {
 		defer cancel()
 		_ = conn.Close(cctx)
 	}()
-	if _, err := conn.Exec(ctx, "LISTEN "+store.NotifyActivities); err != nil {
+	if _, err := conn.Exec(ctx, "LISTEN "+store.NotifyActivities+"; LISTEN "+store.NotifyTenantChanges); err != nil {
 		return err
 	}
 	l.listening.Store(true)
-	// Whatever was created while nobody listened is read now.
+	// Whatever was created or changed while nobody listened is read now.
 	l.s.hub.resyncAll()
+	l.s.cors.reload()
 	for {
 		n, err := conn.WaitForNotification(ctx)
 		if err != nil {
 			return fmt.Errorf("waiting for notifications: %w", err)
+		}
+		if n.Channel == store.NotifyTenantChanges {
+			l.s.cors.reload()
+			continue
 		}
 		l.s.hub.dispatch(n.Payload)
 	}
@@ -606,7 +613,7 @@ func (st *stream) send(list []activity.Activity) error {
 		list[i].Attachments = st.s.freshAttachmentURLs(list[i].Attachments)
 	}
 	last := list[len(list)-1].Seq
-	frame, err := json.Marshal(directLineActivitySet{Activities: directLineActivities(list), Watermark: encodeWatermark(last)})
+	frame, err := marshalJSON(directLineActivitySet{Activities: directLineActivities(list), Watermark: encodeWatermark(last)})
 	if err != nil {
 		return err
 	}

@@ -399,7 +399,7 @@ func TestStreamResyncsAfterListenReconnect(t *testing.T) {
 	// Cut every LISTEN connection; what is created while they reconnect must still
 	// reach the stream.
 	e.exec(`SELECT pg_terminate_backend(pid) FROM pg_stat_activity
-		WHERE datname = current_database() AND query = 'LISTEN activities'`)
+		WHERE datname = current_database() AND query LIKE 'LISTEN %'`)
 	streamWaitFor(t, "not listening", func() bool { return !b.listener.Listening() })
 	e.streamCreate(s, "during")
 	streamWaitFor(t, "listening again", b.listener.Listening)
@@ -438,27 +438,33 @@ func TestStreamRefusedBeforeUpgrade(t *testing.T) {
 		t.Fatal(err)
 	}
 	expired := e.streamToken(s, s.conv, time.Now().Add(-2*time.Hour))
-	cases := []struct{ name, path string }{
-		{"no token", "/api/v1/converger/conversations/" + s.conv + "/stream"},
-		{"bad token", streamPath(s.conv, "garbage", "")},
-		{"expired token", streamPath(s.conv, expired, "")},
-		{"token of another conversation", streamPath(sibling.ID, s.tok, "")},
-		{"another tenant's conversation", streamPath(other.conv, s.tok, "")},
-		{"unbound token of another channel", streamPath(other.conv, e.streamToken(s, "", time.Now()), "")},
-		{"missing conversation", streamPath(missingID, e.streamToken(s, "", time.Now()), "")},
-		{"malformed id", streamPath("nope", e.streamToken(s, "", time.Now()), "")},
+	// Bad tokens and a bound token on another conversation are 403; for an unbound
+	// token, a conversation of another channel or tenant is 404, as a missing one.
+	cases := []struct {
+		name, path string
+		status     int
+		code       string
+	}{
+		{"no token", "/api/v1/converger/conversations/" + s.conv + "/stream", 403, "forbidden"},
+		{"bad token", streamPath(s.conv, "garbage", ""), 403, "forbidden"},
+		{"expired token", streamPath(s.conv, expired, ""), 403, "forbidden"},
+		{"token of another conversation", streamPath(sibling.ID, s.tok, ""), 403, "forbidden"},
+		{"another tenant's conversation", streamPath(other.conv, s.tok, ""), 403, "forbidden"},
+		{"unbound token of another channel", streamPath(other.conv, e.streamToken(s, "", time.Now()), ""), 404, "not_found"},
+		{"missing conversation", streamPath(missingID, e.streamToken(s, "", time.Now()), ""), 404, "not_found"},
+		{"malformed id", streamPath("nope", e.streamToken(s, "", time.Now()), ""), 404, "not_found"},
 	}
 	for _, c := range cases {
 		r := e.do("GET", c.path, nil, streamUpgradeHeaders)
 		if r.status == http.StatusSwitchingProtocols {
 			t.Fatalf("%s: upgraded", c.name)
 		}
-		r.errorCode(t, 403, "forbidden")
-		// A real client sees the 403 as a failed handshake.
+		r.errorCode(t, c.status, c.code)
+		// A real client sees the refusal as a failed handshake.
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		_, resp, err := websocket.Dial(ctx, "ws"+strings.TrimPrefix(e.base, "http")+c.path, nil)
 		cancel()
-		if err == nil || resp == nil || resp.StatusCode != 403 {
+		if err == nil || resp == nil || resp.StatusCode != c.status {
 			t.Fatalf("%s: dial answered %v %v", c.name, resp, err)
 		}
 	}

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"strconv"
 	"strings"
+	"time"
 	"unicode/utf8"
 
 	"github.com/gofiber/fiber/v2"
@@ -28,7 +29,39 @@ func (s *server) tenantAPI(r fiber.Router) {
 	r.Post("/conversations/:id/reopen", s.requireTenant, s.tenantSetStatus("active"))
 	r.Post("/conversations/:id/activities", s.requireTenant, s.tenantCreateActivity)
 	r.Get("/conversations/:id/activities", s.requireTenant, s.tenantListActivities)
-	r.Post("/tokens", s.requireTenant, s.tenantLegacyToken)
+	r.Post("/tokens", legacyTokenDeprecation, s.requireTenant, s.tenantLegacyToken)
+	r.Get(legacyTokenNoticePath[len("/api/v1"):], legacyTokenNotice)
+}
+
+// The legacy token endpoint's deprecation (RFC 9745): since legacyTokenDeprecatedAt,
+// announced on every answer with Deprecation and a Link to the notice, beside the
+// successor-version link to the client API's tokens.
+var legacyTokenDeprecatedAt = time.Date(2026, time.December, 1, 0, 0, 0, 0, time.UTC)
+
+const (
+	legacyTokenNoticePath = "/api/v1/tokens/deprecation"
+	legacyTokenSuccessor  = "/api/v1/converger/tokens/generate"
+)
+
+// legacyTokenLink is the Link header of the legacy token endpoint.
+var legacyTokenLink = `<` + legacyTokenSuccessor + `>; rel="successor-version", <` + legacyTokenNoticePath + `>; rel="deprecation"; type="text/plain"`
+
+// legacyTokenDeprecation announces the deprecation on every answer of the endpoint,
+// its errors included.
+func legacyTokenDeprecation(c *fiber.Ctx) error {
+	c.Set("Deprecation", "@"+strconv.FormatInt(legacyTokenDeprecatedAt.Unix(), 10))
+	c.Set("Link", legacyTokenLink)
+	return c.Next()
+}
+
+// GET /tokens/deprecation: what the legacy token endpoint's deprecation link points to.
+func legacyTokenNotice(c *fiber.Ctx) error {
+	c.Set(fiber.HeaderContentType, fiber.MIMETextPlainCharsetUTF8)
+	return c.SendString("POST /api/v1/tokens is deprecated since " + legacyTokenDeprecatedAt.Format(time.RFC3339) +
+		". It issues tokens for the legacy WebSocket (/socket/websocket) only.\n" +
+		"Use the client API instead: POST " + legacyTokenSuccessor + " with the channel secret\n" +
+		"(or POST /api/v1/converger/tokens/publishable with the publishable key) gives a Converger token,\n" +
+		"and POST /api/v1/converger/conversations a conversation and its stream (Direct Line 3.0).\n")
 }
 
 // Paging of activity lists.
@@ -36,6 +69,20 @@ const (
 	defaultListLimit = 100
 	maxListLimit     = 1000
 )
+
+// listLimit reads the limit parameter of an activity list, the same on both APIs: the
+// default when it is absent or not a positive whole number, and at most maxListLimit
+// (a larger one, however large, is the maximum).
+func listLimit(q string) int {
+	n, err := strconv.Atoi(q)
+	if ne := (*strconv.NumError)(nil); errors.As(err, &ne) && ne.Err == strconv.ErrRange && !strings.HasPrefix(q, "-") {
+		return maxListLimit
+	}
+	if err != nil || n < 1 {
+		return defaultListLimit
+	}
+	return min(n, maxListLimit)
+}
 
 // maxIdempotencyKey bounds the x-idempotency-key header, in bytes.
 const maxIdempotencyKey = 255
@@ -250,8 +297,8 @@ func (s *server) tenantCreateActivity(c *fiber.Ctx) error {
 }
 
 // GET /conversations/:id/activities?watermark=&limit=: the activities after the
-// watermark, oldest first. A malformed watermark or limit is 400; an empty page echoes
-// the watermark sent.
+// watermark, oldest first. A malformed watermark is 400; a limit that is not a positive
+// whole number is the default (listLimit); an empty page echoes the watermark sent.
 func (s *server) tenantListActivities(c *fiber.Ctx) error {
 	id, ok := pathID(c)
 	if !ok {
@@ -264,14 +311,7 @@ func (s *server) tenantListActivities(c *fiber.Ctx) error {
 			return fail(c, errBadWatermark, nil)
 		}
 	}
-	limit := defaultListLimit
-	if q := c.Query("limit"); q != "" {
-		n, err := strconv.Atoi(q)
-		if err != nil || n < 1 {
-			return fail(c, apierror.BadRequest.WithMessage("limit must be a positive integer."), nil)
-		}
-		limit = min(n, maxListLimit)
-	}
+	limit := listLimit(c.Query("limit"))
 	list, more, err := s.Store.ListActivities(c.UserContext(), tenant(c).ID, id, after, limit)
 	if errors.Is(err, store.ErrNotFound) {
 		return fail(c, apierror.NotFound, nil)
@@ -329,7 +369,5 @@ func (s *server) tenantLegacyToken(c *fiber.Ctx) error {
 	if err != nil {
 		return err
 	}
-	c.Set("Deprecation", "true")
-	c.Set("Link", `</api/v1/converger/tokens/generate>; rel="successor-version"`)
 	return c.Status(fiber.StatusCreated).JSON(fiber.Map{"token": tok, "expires_in": int(token.LegacyLifetime.Seconds())})
 }

@@ -173,7 +173,7 @@ func (s *server) clientUpload(c *fiber.Ctx) error {
 	}
 	client.Attachments = make([]json.RawMessage, 0, len(stored))
 	for _, f := range stored {
-		a, _ := json.Marshal(attachmentJSON{ContentType: f.ContentType, ContentURL: s.attachmentURL(f.ID), Name: f.Name})
+		a, _ := marshalJSON(attachmentJSON{ContentType: f.ContentType, ContentURL: s.attachmentURL(f.ID), Name: f.Name})
 		client.Attachments = append(client.Attachments, a)
 	}
 	// Validated before the files are stored, so that a refused activity stores nothing
@@ -181,11 +181,11 @@ func (s *server) clientUpload(c *fiber.Ctx) error {
 	check := client
 	if errs := check.Validate(s.Limits); errs != nil {
 		// Named as the client sent them (channelData rather than metadata).
-		return activityError(c, channelDataErrors(body, errs), errConversationAccess)
+		return activityError(c, channelDataErrors(body, errs), apierror.NotFound)
 	}
 	if err := s.Store.CreateAttachments(ctx, conv.TenantID, conv.ID, stored); err != nil {
 		if errors.Is(err, store.ErrNotFound) {
-			return fail(c, errConversationAccess, nil)
+			return fail(c, apierror.NotFound, nil)
 		}
 		return err
 	}
@@ -200,7 +200,7 @@ func (s *server) clientUpload(c *fiber.Ctx) error {
 		if derr := s.Store.DeleteAttachments(dctx, conv.TenantID, ids); derr != nil {
 			s.Logger.Warn("upload: attachments of a refused activity not deleted", "request_id", requestID(c), "error", derr)
 		}
-		return activityError(c, err, errConversationAccess)
+		return activityError(c, err, apierror.NotFound)
 	}
 	s.echo(c, a)
 	return c.JSON(fiber.Map{"id": a.ID})
@@ -381,13 +381,13 @@ func (s *server) freshAttachmentURLs(raw json.RawMessage) json.RawMessage {
 		if !ids.IsUUID(id) {
 			continue
 		}
-		a["contentUrl"], _ = json.Marshal(s.attachmentURL(id))
+		a["contentUrl"], _ = marshalJSON(s.attachmentURL(id))
 		changed = true
 	}
 	if !changed {
 		return raw
 	}
-	out, err := json.Marshal(list)
+	out, err := marshalJSON(list)
 	if err != nil {
 		return raw
 	}
@@ -417,6 +417,9 @@ func (s *server) attachmentDownload(c *fiber.Ctx) error {
 		// As its tokens (403) and its API key (401): a deactivated tenant's or
 		// channel's links stop working at once, not when they expire.
 		return fail(c, errAttachmentInactive, nil)
+	}
+	if ok, err := s.checkTenantOrigin(c, a.TenantID); !ok {
+		return err
 	}
 	mt, _, _ := mime.ParseMediaType(a.ContentType)
 	disposition := "attachment"

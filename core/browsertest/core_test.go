@@ -12,6 +12,7 @@ import (
 	"path/filepath"
 	"runtime"
 	"runtime/debug"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -23,7 +24,13 @@ import (
 	"github.com/converger/edge/shared/token"
 )
 
-func TestMain(m *testing.M) { os.Exit(pgserver.RunTests(m)) }
+func TestMain(m *testing.M) {
+	code := pgserver.RunTests(m)
+	if built.dir != "" {
+		_ = os.RemoveAll(built.dir)
+	}
+	os.Exit(code)
+}
 
 const (
 	buildTimeout = 5 * time.Minute
@@ -35,12 +42,14 @@ const (
 var coreVars = []string{
 	"CORE_ADDR=", "DATABASE_URL=", "PUBLIC_URL=", "TOKEN_", "ENCRYPTION_KEY=", "LIMITER_ADDR=",
 	"AUTHZ_ADDR=", "TRUSTED_PROXIES=", "ACTIVITY_MAX_", "UPLOAD_MAX_BYTES=", "LOG_LEVEL=",
-	"LOG_FORMAT=", "ADMIN_", "SMTP_", "SESSION_",
+	"LOG_FORMAT=", "ADMIN_", "SMTP_", "SESSION_", "CORS_ORIGINS=",
 }
 
 // core is a `core serve` process started by startCore.
 type core struct {
 	base   string // http://127.0.0.1:port, also its PUBLIC_URL
+	bin    string // the binary, for its management commands
+	env    []string
 	stderr *tail
 	done   chan struct{} // closed when the process has exited
 	err    error         // of Wait, set before done closes
@@ -68,11 +77,26 @@ func moduleRoot(t *testing.T) string {
 	}
 }
 
-// buildCore builds ./core/cmd/core into a temporary directory, with the race detector
-// when the test binary has it, so that the server runs under it too.
+// built is the core binary buildCore made for this test process.
+var built struct {
+	sync.Mutex
+	dir, bin string
+}
+
+// buildCore builds ./core/cmd/core once per test process, with the race detector when
+// the test binary has it, so that the server runs under it too.
 func buildCore(t *testing.T) string {
 	t.Helper()
-	bin := filepath.Join(t.TempDir(), "core")
+	built.Lock()
+	defer built.Unlock()
+	if built.bin != "" {
+		return built.bin
+	}
+	dir, err := os.MkdirTemp("", "browsertest-core-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	bin := filepath.Join(dir, "core")
 	args := []string{"build", "-o", bin}
 	if raceEnabled() {
 		args = append(args, "-race")
@@ -86,6 +110,7 @@ func buildCore(t *testing.T) string {
 		t.Fatalf("go %s ./core/cmd/core: %v\n%s", strings.Join(args, " "), err, out)
 	}
 	t.Logf("built the core in %v", time.Since(start).Round(time.Millisecond))
+	built.dir, built.bin = dir, bin
 	return bin
 }
 
@@ -113,9 +138,10 @@ func newAdmin(t *testing.T) admin {
 }
 
 // startCore builds the core and serves it on a free loopback port over a fresh database,
-// with generated keys, the first admin a, and the in-process limiter (no LIMITER_ADDR).
-// It returns once the core answers HTTP; the process is killed when the test ends.
-func startCore(t *testing.T, a admin) *core {
+// with generated keys, the first admin a, the in-process limiter (no LIMITER_ADDR) and
+// the extra variables. It returns once the core answers HTTP; the process is killed when
+// the test ends.
+func startCore(t *testing.T, a admin, extra ...string) *core {
 	t.Helper()
 	bin := buildCore(t)
 	dbURL := pgserver.NewTestDatabase(t, migrations.Up)
@@ -124,15 +150,14 @@ func startCore(t *testing.T, a admin) *core {
 		t.Fatal(err)
 	}
 	addr := freeAddr(t)
-	c := &core{base: "http://" + addr, stderr: &tail{max: 64 << 10}, done: make(chan struct{})}
+	c := &core{base: "http://" + addr, bin: bin, stderr: &tail{max: 64 << 10}, done: make(chan struct{})}
 
-	cmd := exec.Command(bin, "serve")
 	for _, kv := range os.Environ() {
 		if !hasAnyPrefix(kv, coreVars) {
-			cmd.Env = append(cmd.Env, kv)
+			c.env = append(c.env, kv)
 		}
 	}
-	cmd.Env = append(cmd.Env,
+	c.env = append(c.env,
 		"CORE_ADDR="+addr,
 		"PUBLIC_URL="+c.base,
 		"DATABASE_URL="+dbURL,
@@ -142,6 +167,9 @@ func startCore(t *testing.T, a admin) *core {
 		"ADMIN_PASSWORD="+a.password,
 		"LOG_FORMAT=text",
 	)
+	c.env = append(c.env, extra...)
+	cmd := exec.Command(bin, "serve")
+	cmd.Env = c.env
 	cmd.Stdout = c.stderr
 	cmd.Stderr = c.stderr
 	setParentDeathSignal(cmd)
@@ -180,6 +208,22 @@ func startCore(t *testing.T, a admin) *core {
 	})
 	c.waitReady(t)
 	return c
+}
+
+// command runs one of the core's management commands (`core tenants create …`) on the
+// core's database and returns its standard output.
+func (c *core) command(t *testing.T, args ...string) string {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, c.bin, args...)
+	cmd.Env = append(slices.Clip(c.env), "USER=browsertest")
+	var stdout, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	if err := cmd.Run(); err != nil {
+		t.Fatalf("core %s: %v\n%s%s", strings.Join(args, " "), err, stdout.String(), stderr.String())
+	}
+	return stdout.String()
 }
 
 // waitReady polls the login page until the core answers HTTP at all (any status), the

@@ -9,9 +9,11 @@ import (
 	"net"
 	netmail "net/mail"
 	"net/url"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
+	"unicode"
 	"unicode/utf8"
 
 	"github.com/converger/edge/core/activity"
@@ -59,6 +61,10 @@ type Config struct {
 	// PasswordHashConcurrency bounds the password hashes computed at once
 	// (PASSWORD_HASH_CONCURRENCY; 0: one per CPU, passwords.DefaultConcurrency).
 	PasswordHashConcurrency int
+	// CORSOrigins are the origins whose web pages may call the client API, for every
+	// tenant (CORS_ORIGINS): canonical origins, or "*" alone for any origin; empty: only
+	// the tenants' own allowed origins.
+	CORSOrigins []string
 }
 
 // MinAdminPasswordLength is the fewest characters ADMIN_PASSWORD may have.
@@ -151,7 +157,23 @@ func Load(getenv func(string) string) (*Config, error) {
 	if err := c.loadLogins(getenv); err != nil {
 		return nil, err
 	}
+	if c.CORSOrigins, err = parseCORSOrigins(getenv("CORS_ORIGINS")); err != nil {
+		return nil, fmt.Errorf("CORS_ORIGINS: %w", err)
+	}
 	return c, nil
+}
+
+// parseCORSOrigins reads CORS_ORIGINS: origins separated by commas or spaces
+// (https://shop.example.com,http://localhost:3000), or "*" alone.
+func parseCORSOrigins(v string) ([]string, error) {
+	list := strings.FieldsFunc(v, func(r rune) bool { return r == ',' || unicode.IsSpace(r) })
+	if slices.Contains(list, "*") {
+		if len(list) > 1 {
+			return nil, errors.New(`"*" allows every origin: give it alone, or list the origins`)
+		}
+		return list, nil
+	}
+	return store.CanonicalOrigins(list)
 }
 
 // loadLogins reads the variables of the login pages. Secrets (ADMIN_PASSWORD, the

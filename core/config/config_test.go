@@ -59,6 +59,11 @@ func TestInvalidValuesNameTheVariable(t *testing.T) {
 		{map[string]string{"SMTP_URL": "http://user:" + secret + "@mail"}, "SMTP_URL"},
 		{map[string]string{"SESSION_IDLE_TIMEOUT": "5s"}, "SESSION_IDLE_TIMEOUT"},
 		{map[string]string{"SESSION_MAX_AGE": "forever"}, "SESSION_MAX_AGE"},
+		{map[string]string{"CORS_ORIGINS": "shop.example.com"}, "CORS_ORIGINS"},
+		{map[string]string{"CORS_ORIGINS": "https://shop.example.com/path"}, "CORS_ORIGINS"},
+		{map[string]string{"CORS_ORIGINS": "*,https://shop.example.com"}, "CORS_ORIGINS"},
+		{map[string]string{"CORS_ORIGINS": "null"}, "CORS_ORIGINS"},
+		{map[string]string{"CORS_ORIGINS": "https://*.example.com"}, "CORS_ORIGINS"},
 	}
 	for _, tc := range cases {
 		_, err := Load(env(tc.vars))
@@ -87,5 +92,21 @@ func TestLogins(t *testing.T) {
 	if c.AdminEmail != "admin@example.com" || c.SMTP == nil || c.SMTP.From != `"Converger" <c@example.com>` ||
 		c.SessionIdleTimeout != 10*time.Minute || c.SessionMaxAge != 2*time.Hour {
 		t.Fatalf("%+v", c)
+	}
+}
+
+func TestCORSOrigins(t *testing.T) {
+	for v, want := range map[string]string{
+		"":    "",
+		"*":   "*",
+		" * ": "*",
+		"https://Shop.example.com/, http://localhost:3000 https://shop.example.com:443": "http://localhost:3000 https://shop.example.com",
+	} {
+		c, err := Load(env(map[string]string{"CORS_ORIGINS": v}))
+		if err != nil {
+			t.Errorf("CORS_ORIGINS=%q: %v", v, err)
+		} else if strings.Join(c.CORSOrigins, " ") != want {
+			t.Errorf("CORS_ORIGINS=%q: %q %v, want %q", v, c.CORSOrigins, err, want)
+		}
 	}
 }

@@ -7,7 +7,6 @@ import (
 	"net"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"testing"
 	"time"
 
@@ -18,6 +17,7 @@ import (
 	"github.com/converger/edge/core/credentials"
 	"github.com/converger/edge/core/migrations"
 	"github.com/converger/edge/core/store"
+	"github.com/converger/edge/shared/npmci"
 	"github.com/converger/edge/shared/pgserver"
 	"github.com/converger/edge/shared/token"
 )
@@ -32,7 +32,7 @@ func TestDirectLineClient(t *testing.T) {
 	if err != nil {
 		t.Fatal("node is needed to run the Direct Line client (Debian: apt-get install nodejs npm)")
 	}
-	installClient(t)
+	npmci.Install(t, ".")
 
 	base, secret := startCore(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
@@ -43,29 +43,6 @@ func TestDirectLineClient(t *testing.T) {
 	t.Logf("directline.mjs:\n%s", out)
 	if err != nil {
 		t.Fatalf("the Direct Line client failed: %v", err)
-	}
-}
-
-// installClient installs the pinned client packages with npm when package-lock.json is
-// newer than what node_modules holds.
-func installClient(t *testing.T) {
-	t.Helper()
-	lock, err := os.Stat("package-lock.json")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if st, err := os.Stat(filepath.Join("node_modules", ".package-lock.json")); err == nil && !st.ModTime().Before(lock.ModTime()) {
-		return
-	}
-	npm, err := exec.LookPath("npm")
-	if err != nil {
-		t.Fatal("npm is needed to install the Direct Line client (Debian: apt-get install npm)")
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
-	defer cancel()
-	cmd := exec.CommandContext(ctx, npm, "ci", "--no-audit", "--no-fund", "--ignore-scripts")
-	if out, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("npm ci: %v\n%s", err, out)
 	}
 }
 

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"unicode/utf8"
 
@@ -73,6 +74,25 @@ func DecodeMessage(body []byte) (Message, error) {
 		return Message{}, errs
 	}
 	return m, nil
+}
+
+// MsgEmpty is the field error (on "text") of a message that carries nothing.
+const MsgEmpty = "no text and no attachments"
+
+// Check validates the message's activity fields against the limits, as the store will,
+// and refuses a message (type "message", the default) with neither text (blank text
+// counts as none) nor attachments: a provider's delivery of nothing is a 422, not an
+// empty activity. Other types need neither.
+func (m Message) Check(l activity.Limits) activity.FieldErrors {
+	c := m.Client
+	c.Attachments = slices.Clone(c.Attachments) // Validate normalises them in place
+	if errs := c.Validate(l); errs != nil {
+		return errs
+	}
+	if c.Type == "message" && strings.TrimSpace(c.Text) == "" && len(c.Attachments) == 0 {
+		return activity.FieldErrors{"text": {MsgEmpty}}
+	}
+	return nil
 }
 
 // Status is a delivery status.

@@ -91,3 +91,25 @@ func TestDecodeStatus(t *testing.T) {
 		}
 	}
 }
+
+func TestMessageCheck(t *testing.T) {
+	for body, want := range map[string]string{
+		`{}`: "text", `{"text":" \t"}`: "text", `{"type":"message"}`: "text",
+		`{"text":"hi"}`: "", `{"attachments":[{"contentType":"a"}]}`: "", `{"type":"event"}`: "",
+		`{"text":"hi","metadata":[]}`: "metadata", `{"metadata":[]}`: "metadata",
+	} {
+		m, err := DecodeMessage([]byte(body))
+		if err != nil {
+			t.Fatalf("%s: %v", body, err)
+		}
+		errs := m.Check(activity.DefaultLimits)
+		switch {
+		case want == "" && errs != nil:
+			t.Errorf("%s: %v", body, errs)
+		case want != "" && (len(errs) != 1 || errs[want] == nil):
+			t.Errorf("%s: %v, want an error on %s", body, errs, want)
+		case want == "text" && errs["text"][0] != MsgEmpty:
+			t.Errorf("%s: %v", body, errs)
+		}
+	}
+}

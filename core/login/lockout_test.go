@@ -61,7 +61,7 @@ func TestLockoutPerAccount(t *testing.T) {
 		// The account key is trimmed and lower-cased.
 		email := []string{"alice@example.com", " Alice@Example.COM ", "ALICE@example.com"}[i%3]
 		p := e.browser(fmt.Sprintf("203.0.113.%d", i)).login(email, "wrong-password-"+strconv.Itoa(i))
-		expectError(t, fmt.Sprintf("wrong password %d", i), p, 401, invalidLogin)
+		expectError(t, fmt.Sprintf("wrong password %d", i), p, 200, invalidLogin)
 	}
 	if n := e.peekCount(buckets.LoginAccount, "admin:alice@example.com"); n != 5 {
 		t.Fatalf("login_account admin:alice@example.com counts %d in the sidecar, want 5", n)
@@ -92,7 +92,7 @@ func TestLockoutPerIP(t *testing.T) {
 		if i == 3 {
 			email = "carol@example.com"
 		}
-		expectError(t, "failure "+strconv.Itoa(i), e.browser("198.51.100.7").login(email, "not-the-password"), 401, invalidLogin)
+		expectError(t, "failure "+strconv.Itoa(i), e.browser("198.51.100.7").login(email, "not-the-password"), 200, invalidLogin)
 	}
 	expectLocked(t, "a sixth account from the same address", e.browser("198.51.100.7").login("carol@example.com", "carol-password-1"))
 	expect(t, "the same account from another address", e.browser("198.51.100.8").login("carol@example.com", "carol-password-1"), 303, "/admin")
@@ -108,10 +108,10 @@ func TestSuccessNotCounted(t *testing.T) {
 		expect(t, "success "+strconv.Itoa(i+1), b().login("dave@example.com", "dave-password-12"), 303, "/admin")
 	}
 	for i := range 4 {
-		expectError(t, "failure "+strconv.Itoa(i+1), b().login("dave@example.com", "wrong"), 401, invalidLogin)
+		expectError(t, "failure "+strconv.Itoa(i+1), b().login("dave@example.com", "wrong"), 200, invalidLogin)
 	}
 	expect(t, "a success after four failures", b().login("dave@example.com", "dave-password-12"), 303, "/admin")
-	expectError(t, "the fifth failure", b().login("dave@example.com", "wrong"), 401, invalidLogin)
+	expectError(t, "the fifth failure", b().login("dave@example.com", "wrong"), 200, invalidLogin)
 	expectLocked(t, "after five failures and a success", b().login("dave@example.com", "dave-password-12"))
 	if n := e.peekCount(buckets.LoginIP, "192.0.2.10"); n != 5 {
 		t.Fatalf("login_ip counts %d, want 5 (the failures only)", n)
@@ -131,7 +131,7 @@ func TestDeactivatedNotCounted(t *testing.T) {
 		if i%2 == 1 {
 			password = "wrong"
 		}
-		expectError(t, "deactivated account, attempt "+strconv.Itoa(i+1), b.login("erin@example.com", password), 401, invalidLogin)
+		expectError(t, "deactivated account, attempt "+strconv.Itoa(i+1), b.login("erin@example.com", password), 200, invalidLogin)
 	}
 	if n := e.peekCount(buckets.LoginAccount, "admin:erin@example.com"); n != 0 {
 		t.Fatalf("login_account counts %d for a deactivated account, want 0", n)
@@ -147,7 +147,7 @@ func TestPortalLockout(t *testing.T) {
 	for i := 1; i <= 5; i++ {
 		tenant := []string{"acme", " ACME ", "Acme"}[i%3]
 		p := e.browser(fmt.Sprintf("203.0.113.%d", 100+i)).portalLogin(tenant, "Grace@example.com", "wrong")
-		expectError(t, "portal failure "+strconv.Itoa(i), p, 401, invalidLogin)
+		expectError(t, "portal failure "+strconv.Itoa(i), p, 200, invalidLogin)
 	}
 	if n := e.peekCount(buckets.LoginAccount, "tenant:acme:grace@example.com"); n != 5 {
 		t.Fatalf("login_account tenant:acme:grace@example.com counts %d, want 5", n)
@@ -164,7 +164,7 @@ func TestLockEndsWithTheWindow(t *testing.T) {
 	e.admin("heidi@example.com", "heidi-password-1", false)
 	b := e.browser("192.0.2.30")
 	for range 5 {
-		expectError(t, "failure", b.login("heidi@example.com", "wrong"), 401, invalidLogin)
+		expectError(t, "failure", b.login("heidi@example.com", "wrong"), 200, invalidLogin)
 	}
 	e.clock.advance(30 * time.Second)
 	if n := expectLocked(t, "30 s later", b.login("heidi@example.com", "heidi-password-1")); n != 29 {
@@ -179,7 +179,7 @@ func TestLocalLimiterLockout(t *testing.T) {
 	e := newEnv(t, envOptions{})
 	e.admin("ivan@example.com", "ivan-password-12", false)
 	for i := 1; i <= 5; i++ {
-		expectError(t, "failure", e.browser(fmt.Sprintf("203.0.113.%d", i)).login("ivan@example.com", "wrong"), 401, invalidLogin)
+		expectError(t, "failure", e.browser(fmt.Sprintf("203.0.113.%d", i)).login("ivan@example.com", "wrong"), 200, invalidLogin)
 	}
 	if n := expectLocked(t, "locked", e.browser("203.0.113.6").login("ivan@example.com", "ivan-password-12")); n != 59 {
 		t.Fatalf("retry-after %d, want 59", n)
@@ -237,7 +237,7 @@ func TestLimiterDownFailsClosed(t *testing.T) {
 }
 
 // 150 parallel wrong passwords for one account, each from its own address, check at
-// most the limit: exactly 5 are checked (401) and 145 are locked out (429) without
+// most the limit: exactly 5 are checked (the form again, 200) and 145 are locked out (429) without
 // their password being hashed; no more than the gate's slots hash at once; the right
 // password is then locked out too, and the count is 5.
 func TestParallelGuessesCheckAtMostTheLimit(t *testing.T) {
@@ -273,8 +273,8 @@ func TestParallelGuessesCheckAtMostTheLimit(t *testing.T) {
 	}
 	// On a loaded machine a Limiter call can take longer than its 2 s bound: that
 	// attempt fails closed (503) and is given back, so it is neither checked nor counted.
-	if counts[401] > 5 || counts[401]+counts[429]+counts[503] != n || (counts[503] == 0 && counts[401] != 5) {
-		t.Fatalf("answers %v, want at most 5 × 401 (checked), the rest 429 (or 503 when the limiter was too slow)", counts)
+	if counts[200] > 5 || counts[200]+counts[429]+counts[503] != n || (counts[503] == 0 && counts[200] != 5) {
+		t.Fatalf("answers %v, want at most 5 × 200 (checked: the form again), the rest 429 (or 503 when the limiter was too slow)", counts)
 	}
 	if counts[503] > 0 {
 		t.Logf("answers %v: %d attempts failed closed on a slow limiter", counts, counts[503])
@@ -283,13 +283,13 @@ func TestParallelGuessesCheckAtMostTheLimit(t *testing.T) {
 		t.Fatalf("%d password hashes ran at once, want at most 2", gate.Peak())
 	}
 	// Whatever the burst left, the window checks exactly 5 wrong passwords in all.
-	checked := counts[401]
+	checked := counts[200]
 	for i := 0; checked < 6 && i < 20; i++ {
 		p := e.browser("198.18.8.8").login("kim@example.com", "wrong-again")
 		if p.status == 429 {
 			break
 		}
-		if p.status == 401 {
+		if p.status == 200 {
 			checked++
 		}
 	}
@@ -309,7 +309,7 @@ func TestIPv6LockoutPerPrefix(t *testing.T) {
 	e.admin("lee@example.com", "lee-password-123", false)
 	for i := 1; i <= 5; i++ {
 		ip := fmt.Sprintf("2001:db8:7:8:%x::%x", i*1000, i)
-		expectError(t, "failure from "+ip, e.browser(ip).login(fmt.Sprintf("nobody%d@example.com", i), "wrong"), 401, invalidLogin)
+		expectError(t, "failure from "+ip, e.browser(ip).login(fmt.Sprintf("nobody%d@example.com", i), "wrong"), 200, invalidLogin)
 	}
 	for i := 6; i <= 20; i++ {
 		ip := fmt.Sprintf("2001:0DB8:0007:0008:%X::%X", i*1000, i)

@@ -122,23 +122,52 @@ func (p *Pages) createReset(rl realm, tenant, email string) error {
 	case !u.Active:
 		return nil
 	}
-	token := credentials.Random(32)
-	if err := p.Store.CreatePasswordReset(ctx, u.Kind, u.ID, hashToken(token), p.Now().Add(ResetTTL)); err != nil {
+	link, err := ResetLink(ctx, p.Store, p.PublicURL, u, p.Now())
+	if err != nil {
 		return err
-	}
-	link := p.PublicURL + rl.prefix + "/password/reset/" + token
-	account := "admin account " + u.Email
-	if rl.portal {
-		account = "account " + u.Email + " of tenant " + u.TenantName
 	}
 	p.deliver(mail.Message{
 		To:      u.Email,
 		Subject: "Reset your Converger password",
-		Body: "Someone, hopefully you, asked to reset the password of the Converger " + account + ".\n\n" +
+		Body: "Someone, hopefully you, asked to reset the password of the Converger " + accountName(u) + ".\n\n" +
 			"To choose a new password, open this link within an hour:\n\n" + link + "\n\n" +
 			"The link works once. If you did not ask for it, ignore this email: your password stays as it is.\n",
 	})
 	return nil
+}
+
+// accountName names a user's account in an email.
+func accountName(u store.LoginUser) string {
+	if u.Kind == store.KindTenant {
+		return "account " + u.Email + " of tenant " + u.TenantName
+	}
+	return "admin account " + u.Email
+}
+
+// ResetLink stores a new password reset token of u and returns the link that uses it:
+// <publicURL>/admin/password/reset/<token>, or /portal/… for a tenant user. It works
+// once, within ResetTTL of now.
+func ResetLink(ctx context.Context, st *store.Store, publicURL string, u store.LoginUser, now time.Time) (string, error) {
+	rl := adminRealm
+	if u.Kind == store.KindTenant {
+		rl = portalRealm
+	}
+	token := credentials.Random(32)
+	if err := st.CreatePasswordReset(ctx, u.Kind, u.ID, hashToken(token), now.Add(ResetTTL)); err != nil {
+		return "", err
+	}
+	return strings.TrimRight(publicURL, "/") + rl.prefix + "/password/reset/" + token, nil
+}
+
+// InvitationMessage is the email that gives a new user the link to choose a password.
+func InvitationMessage(u store.LoginUser, link string) mail.Message {
+	return mail.Message{
+		To:      u.Email,
+		Subject: "Your Converger account",
+		Body: "The Converger " + accountName(u) + " was created for you.\n\n" +
+			"To choose your password, open this link within an hour:\n\n" + link + "\n\n" +
+			"The link works once. When it has expired, ask for a new one with \"Forgot your password?\" on the sign-in page.\n",
+	}
 }
 
 // resetUser returns the user of the path's reset token when it can still be used in

@@ -14,7 +14,9 @@ import (
 	"github.com/converger/edge/shared/buckets"
 )
 
-// The answers of the sign-in forms.
+// The answers of the sign-in forms. A refused password or code re-renders the form with
+// 200 and the message: a 401 must carry a WWW-Authenticate challenge, which a form login
+// has none of. The lockout is 429, an unavailable limiter 503.
 const (
 	msgInvalidLogin = "Invalid email or password."
 	msgInvalidCode  = "Invalid code."
@@ -162,7 +164,7 @@ func (p *Pages) login(rl realm) fiber.Handler {
 			utf8.RuneCountInString(tenant) > maxTenantNameLength || len(password) > passwords.MaxLength {
 			// Nothing was checked, so nothing is counted.
 			v.Error = msgInvalidLogin
-			return p.render(c, fiber.StatusUnauthorized, "login", v)
+			return p.render(c, fiber.StatusOK, "login", v)
 		}
 		ip, account := p.clientIP(c), accountKey(rl, tenant, email)
 		a, l, err := p.takeAttempt(c, ip, account)
@@ -208,11 +210,11 @@ func (p *Pages) login(rl realm) fiber.Handler {
 			// A deactivated account cannot sign in and is not counted.
 			p.forgive(c, a)
 			v.Error = msgInvalidLogin
-			return p.render(c, fiber.StatusUnauthorized, "login", v)
+			return p.render(c, fiber.StatusOK, "login", v)
 		case !found || !ok:
 			// The attempt stays counted.
 			v.Error = msgInvalidLogin
-			return p.render(c, fiber.StatusUnauthorized, "login", v)
+			return p.render(c, fiber.StatusOK, "login", v)
 		}
 		// A success is not counted.
 		p.forgive(c, a)
@@ -288,7 +290,7 @@ func (p *Pages) totpLogin(rl realm) fiber.Handler {
 		if !ok {
 			// The attempt stays counted.
 			v.Error = msgInvalidCode
-			return p.render(c, fiber.StatusUnauthorized, "totp", v)
+			return p.render(c, fiber.StatusOK, "totp", v)
 		}
 		p.forgive(c, a)
 		if err := p.startSession(c, s.user, store.SessionSignedIn); err != nil {

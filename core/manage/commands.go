@@ -38,15 +38,8 @@ func init() {
 		},
 		run: tenantsRotateKey,
 	})
-	register(&command{
-		group: "tenants", name: "deactivate", args: "--name N",
-		summary: "Sets a tenant inactive: its API keys, channels and tokens are refused.",
-		changes: true,
-		flags: func(fs *flag.FlagSet, r *runner) {
-			fs.StringVar(&r.o.name, "name", "", "the tenant's name (required)")
-		},
-		run: tenantsDeactivate,
-	})
+	registerStatus()
+	registerOrigins()
 	register(&command{
 		group: "channels", name: "create", args: "--tenant N --name C --type echo|webhook [--mode inbound|outbound|duplex]",
 		summary: "Creates a channel of a tenant and prints its secret and publishable key once.\n" +
@@ -61,6 +54,7 @@ func init() {
 		run: channelsCreate,
 	})
 	registerLimits()
+	registerUsers()
 	register(&command{
 		group: "admins", name: "create", args: "--email E [--password-stdin]",
 		summary: "Creates an admin user. Without --password-stdin a random password is printed once and must\n" +
@@ -137,34 +131,6 @@ func tenantsRotateKey(r *runner, _ []string) error {
 	if rot.Tenant.Status != "active" {
 		fmt.Fprintf(w, "Note: the tenant is %s, so no key of it works.\n", rot.Tenant.Status)
 	}
-	return nil
-}
-
-func tenantsDeactivate(r *runner, _ []string) error {
-	if err := r.required("name", r.o.name); err != nil {
-		return err
-	}
-	st, err := r.store(nil)
-	if err != nil {
-		return err
-	}
-	t, err := r.tenant(st, r.o.name)
-	if err != nil {
-		return err
-	}
-	t, changed, err := st.As(r.actor).DeactivateTenant(r.ctx, t.ID)
-	if errors.Is(err, store.ErrNotFound) {
-		return failf("no tenant named %q", r.o.name)
-	}
-	if err != nil {
-		return err
-	}
-	if !changed {
-		fmt.Fprintf(r.stdout, "Tenant %s (%s) was already inactive; nothing changed.\n", t.Name, t.ID)
-		return nil
-	}
-	fmt.Fprintf(r.stdout, "Tenant %s (%s) deactivated: its API keys, channels and tokens are refused from now on\n"+
-		"(by the sidecars once their credential cache expires, 30 s by default).\n", t.Name, t.ID)
 	return nil
 }
 

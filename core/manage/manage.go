@@ -1,5 +1,6 @@
-// Package manage is the core's management commands (CORE_API.md §10): tenants, channels,
-// per-tenant rate-limit overrides and admin users, run as `core <group> <command>`.
+// Package manage is the core's management commands (CORE_API.md §10): tenants (and
+// their allowed origins), channels, per-tenant rate-limit overrides, portal users and
+// admin users, run as `core <group> <command>`.
 //
 // Run takes the arguments after the program name and returns the exit status, so the
 // commands are tested without a process: 0 done, 1 failed (the database, a missing
@@ -20,6 +21,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"strconv"
 	"strings"
 	"time"
 	"unicode"
@@ -29,15 +31,19 @@ import (
 
 	"github.com/converger/edge/core/activity"
 	"github.com/converger/edge/core/credentials"
+	"github.com/converger/edge/core/mail"
 	"github.com/converger/edge/core/store"
 )
 
 // Env is what the commands take from their process.
 type Env struct {
-	// Getenv reads DATABASE_URL, ENCRYPTION_KEY and USER (os.Getenv).
+	// Getenv reads DATABASE_URL, ENCRYPTION_KEY, USER, and for `users create
+	// --send-reset` PUBLIC_URL, SMTP_URL and SMTP_FROM (os.Getenv).
 	Getenv func(string) string
 	// Stdin is read by `admins create --password-stdin`.
 	Stdin io.Reader
+	// Mailer sends `users create --send-reset`'s email; nil: SMTP_URL's server.
+	Mailer mail.Sender
 }
 
 // Usage lists every command of the core binary.
@@ -52,12 +58,31 @@ tenants:
   tenants rotate-key --name N [--grace 24h]
                                           new API key, printed once; the old key keeps
                                           working for the grace (0s: stops at once)
-  tenants deactivate --name N             refuse the tenant's API keys, channels and tokens
+  tenants deactivate --name N             refuse the tenant's API keys, channels, tokens and
+                                          portal users (the sidecars at once too)
+  tenants activate --name N               accept them again
+  tenants origins set --name N ORIGIN ... the origins whose web pages may call the client
+                                          API with the tenant's credentials (CORS); --none
+                                          removes them all
+  tenants origins show --name N           the tenant's allowed origins
 
 channels:
   channels create --tenant N --name C --type echo|webhook [--mode inbound|outbound|duplex]
                                           create a channel; prints its secret and
                                           publishable key once (needs ENCRYPTION_KEY)
+  channels deactivate --tenant N --name C refuse the channel's secret, publishable key,
+                                          tokens and webhooks (the sidecars at once too)
+  channels activate --tenant N --name C   accept them again
+  channels update --tenant N --name C --require-signature=true|false
+                                          whether inbound webhooks must be signed
+
+portal users (the tenant portal, /portal):
+  users create --tenant N --email E [--send-reset]
+                                          create a portal user; prints a one-time password
+                                          (to change at the first sign-in), or with
+                                          --send-reset emails a link to choose one
+  users deactivate --tenant N --email E   end the user's sessions and refuse their sign-in
+  users activate --tenant N --email E     let the user sign in again
 
 rate limits (per-tenant overrides of activity_create, upload, inbound, token_generate,
 publishable_token; a window is a duration in whole milliseconds: 500ms, 1s, 60s, 1h):
@@ -116,6 +141,29 @@ var commands []*command
 
 func register(c *command) { commands = append(commands, c) }
 
+// lookupArgs finds the command that args (after the group) name, one word ("create")
+// or two ("origins set"), and returns it with the arguments after its name.
+func lookupArgs(group string, args []string) (*command, []string) {
+	if len(args) > 1 {
+		if c := lookup(group, args[0]+" "+args[1]); c != nil {
+			return c, args[2:]
+		}
+	}
+	return lookup(group, args[0]), args[1:]
+}
+
+// subcommands lists the commands of group whose name starts with the word ("set, show"
+// for "origins"), or "".
+func subcommands(group, word string) string {
+	var names []string
+	for _, c := range commands {
+		if rest, ok := strings.CutPrefix(c.name, word+" "); ok && c.group == group {
+			names = append(names, rest)
+		}
+	}
+	return strings.Join(names, ", ")
+}
+
 func lookup(group, name string) *command {
 	for _, c := range commands {
 		if c.group == group && c.name == name {
@@ -162,7 +210,29 @@ type runner struct {
 type options struct {
 	name, tenant, typ, mode, email string
 	grace                          time.Duration
-	passwordStdin                  bool
+	passwordStdin, sendReset, none bool
+	requireSignature               optionalBool
+}
+
+// optionalBool is a boolean flag that must be given explicitly (--flag=true|false).
+type optionalBool struct {
+	set, value bool
+}
+
+func (b *optionalBool) String() string {
+	if b == nil || !b.set {
+		return ""
+	}
+	return strconv.FormatBool(b.value)
+}
+
+func (b *optionalBool) Set(s string) error {
+	v, err := strconv.ParseBool(s)
+	if err != nil {
+		return errors.New("must be true or false")
+	}
+	b.set, b.value = true, v
+	return nil
 }
 
 // Run runs the command in args (the arguments after the program name) and returns the
@@ -198,14 +268,18 @@ func Run(ctx context.Context, args []string, env Env, stdout, stderr io.Writer) 
 		fmt.Fprint(stdout, groupUsage(group))
 		return 0
 	}
-	cmd := lookup(group, args[1])
+	cmd, rest := lookupArgs(group, args[1:])
+	if cmd == nil && len(args) == 2 && subcommands(group, args[1]) != "" {
+		fmt.Fprintf(stderr, "core %s %s: which command? (%s)\n\n%s", group, args[1], subcommands(group, args[1]), groupUsage(group))
+		return 2
+	}
 	if cmd == nil {
 		fmt.Fprintf(stderr, "core %s: unknown command %q\n\n%s", group, args[1], groupUsage(group))
 		return 2
 	}
 	r := &runner{ctx: ctx, env: env, stdout: stdout, stderr: stderr, cmd: cmd}
 	defer r.close()
-	err := r.exec(args[2:])
+	err := r.exec(rest)
 	var ue *usageError
 	switch {
 	case err == nil:
@@ -342,6 +416,29 @@ func (r *runner) tenant(st *store.Store, name string) (store.Tenant, error) {
 		return t, failf("no tenant named %q", name)
 	}
 	return t, err
+}
+
+// openTenant opens DATABASE_URL (without a sealer) and looks a tenant up by name.
+func (r *runner) openTenant(name string) (*store.Store, store.Tenant, error) {
+	st, err := r.store(nil)
+	if err != nil {
+		return nil, store.Tenant{}, err
+	}
+	t, err := r.tenant(st, name)
+	return st, t, err
+}
+
+// openChannel opens DATABASE_URL and looks a channel up by its tenant's name and its own.
+func (r *runner) openChannel(tenantName, name string) (*store.Store, store.Tenant, store.Channel, error) {
+	st, t, err := r.openTenant(tenantName)
+	if err != nil {
+		return nil, t, store.Channel{}, err
+	}
+	c, err := st.ChannelByName(r.ctx, t.ID, name)
+	if errors.Is(err, store.ErrNotFound) {
+		return nil, t, c, failf("tenant %s has no channel named %q", t.Name, name)
+	}
+	return st, t, c, err
 }
 
 // describe turns an error into a message for the operator.

@@ -16,6 +16,7 @@ import (
 
 	"github.com/converger/edge/core/activity"
 	"github.com/converger/edge/core/credentials"
+	"github.com/converger/edge/core/mail"
 	"github.com/converger/edge/core/manage"
 	"github.com/converger/edge/core/migrations"
 	"github.com/converger/edge/core/passwords"
@@ -36,6 +37,7 @@ type cli struct {
 	env    map[string]string
 	pool   *pgxpool.Pool
 	st     *store.Store
+	mailer mail.Sender // Env.Mailer
 }
 
 func newCLI(t *testing.T) *cli {
@@ -65,7 +67,7 @@ type result struct {
 func (c *cli) runStdin(stdin string, args ...string) result {
 	c.t.Helper()
 	var out, errOut bytes.Buffer
-	env := manage.Env{Getenv: func(k string) string { return c.env[k] }, Stdin: strings.NewReader(stdin)}
+	env := manage.Env{Getenv: func(k string) string { return c.env[k] }, Stdin: strings.NewReader(stdin), Mailer: c.mailer}
 	code := manage.Run(c.ctx, args, env, &out, &errOut)
 	return result{code, out.String(), errOut.String()}
 }
@@ -149,8 +151,10 @@ func (c *cli) createTenant(name string) (id, key string) {
 func TestHelpAndUsage(t *testing.T) {
 	t.Parallel()
 	c := &cli{t: t, ctx: context.Background(), env: map[string]string{}}
-	every := []string{"serve", "migrate", "tenants create", "tenants rotate-key", "tenants deactivate",
-		"channels create", "limits set", "limits show", "limits clear", "admins create", "help"}
+	every := []string{"serve", "migrate", "tenants create", "tenants rotate-key", "tenants deactivate", "tenants activate",
+		"tenants origins set", "tenants origins show", "channels create", "channels deactivate", "channels activate",
+		"channels update", "users create", "users deactivate", "users activate", "limits set", "limits show",
+		"limits clear", "admins create", "help"}
 	for _, args := range [][]string{{"help"}, {"--help"}, {"-h"}} {
 		r := c.run(args...)
 		if r.code != 0 || r.stderr != "" {

@@ -108,9 +108,9 @@ func TestCreateActivity(t *testing.T) {
 		time.Since(a.InsertedAt) > time.Minute {
 		t.Fatalf("created %+v", a)
 	}
-	b, _, err := e.st.CreateActivity(e.ctx, activity.Client{Type: "event", Attachments: []json.RawMessage{json.RawMessage(`{"a":1}`)},
+	b, _, err := e.st.CreateActivity(e.ctx, activity.Client{Type: "event", Attachments: []json.RawMessage{json.RawMessage(`{"contentType":"a"}`)},
 		Metadata: json.RawMessage(`{"k": "v"}`)}, activity.System{TenantID: tenantID, ConversationID: c.ID, Sender: "bot"})
-	if err != nil || b.Seq != 2 || b.Type != "event" || compactJSON(b.Attachments) != `[{"a":1}]` || compactJSON(b.Metadata) != `{"k":"v"}` || b.Text != "" {
+	if err != nil || b.Seq != 2 || b.Type != "event" || compactJSON(b.Attachments) != `[{"contentType":"a"}]` || compactJSON(b.Metadata) != `{"k":"v"}` || b.Text != "" {
 		t.Fatalf("second %+v %v", b, err)
 	}
 	if got, err := e.st.Activity(e.ctx, c.ID, 2); err != nil || got.ID != b.ID {
@@ -281,7 +281,7 @@ func TestCreateActivityLimits(t *testing.T) {
 	}{
 		{activity.Client{Text: "12345"}, "text"},
 		{activity.Client{Attachments: []json.RawMessage{json.RawMessage(`{}`), json.RawMessage(`{}`)}}, "attachments"},
-		{activity.Client{Attachments: []json.RawMessage{json.RawMessage(`{"k":"` + strings.Repeat("x", 20) + `"}`)}}, "attachments"},
+		{activity.Client{Attachments: []json.RawMessage{json.RawMessage(`{"contentType":"` + strings.Repeat("x", 20) + `"}`)}}, "attachments"},
 		{activity.Client{Metadata: json.RawMessage(`{"k":"` + strings.Repeat("x", 20) + `"}`)}, "metadata"},
 	} {
 		_, _, err := e.st.CreateActivity(e.ctx, tc.c, sys)
@@ -290,7 +290,7 @@ func TestCreateActivityLimits(t *testing.T) {
 			t.Fatalf("%+v: %v, want an error on %s", tc.c, err, tc.field)
 		}
 	}
-	if _, _, err := e.st.CreateActivity(e.ctx, activity.Client{Text: "1234", Attachments: []json.RawMessage{json.RawMessage(`{"k":"x"}`)},
+	if _, _, err := e.st.CreateActivity(e.ctx, activity.Client{Text: "1234", Attachments: []json.RawMessage{json.RawMessage(`{"contentType":"x"}`)},
 		Metadata: json.RawMessage(`{"k":"x"}`)}, sys); err != nil {
 		t.Fatalf("at the limits: %v", err)
 	}

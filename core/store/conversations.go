@@ -50,9 +50,22 @@ func (s *Store) Conversation(ctx context.Context, tenantID, id string) (Conversa
 		FROM conversations WHERE id = $1 AND tenant_id = $2`, id, tenantID))
 }
 
+// StatusEvent is the metadata of the conversationUpdate activity that a close or a
+// reopen appends: {"event":"conversation_closed","status":"closed","reason":"manual"},
+// or "conversation_reopened" and "active". Every close and reopen there is today is
+// asked for by a caller, so the reason is "manual".
+func StatusEvent(status string) json.RawMessage {
+	event := "conversation_closed"
+	if status == "active" {
+		event = "conversation_reopened"
+	}
+	b, _ := json.Marshal(map[string]string{"event": event, "status": status, "reason": "manual"})
+	return b
+}
+
 // SetConversationStatus closes or reopens a conversation. It is idempotent: a real
 // transition appends a conversationUpdate activity from "system" (before closing,
-// after reopening) and changed is true.
+// after reopening), whose metadata is StatusEvent, and changed is true.
 func (s *Store) SetConversationStatus(ctx context.Context, tenantID, id, status string) (c Conversation, changed bool, err error) {
 	err = s.inTx(ctx, func(tx pgx.Tx) error {
 		c, err = scanConversation(tx.QueryRow(ctx, `SELECT `+conversationColumns+`
@@ -61,7 +74,7 @@ func (s *Store) SetConversationStatus(ctx context.Context, tenantID, id, status 
 			return err
 		}
 		changed = true
-		event := activity.Client{Type: "conversationUpdate", Metadata: json.RawMessage(`{"status":"` + status + `"}`)}
+		event := activity.Client{Type: "conversationUpdate", Metadata: StatusEvent(status)}
 		if err := event.Validate(activity.DefaultLimits); err != nil {
 			return err
 		}

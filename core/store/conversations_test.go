@@ -70,9 +70,9 @@ func TestSetConversationStatus(t *testing.T) {
 	}
 	want := []string{
 		"1 user message {}",
-		`2 system conversationUpdate {"status":"closed"}`,
-		`3 system conversationUpdate {"status":"active"}`,
-		`4 system conversationUpdate {"status":"closed"}`,
+		`2 system conversationUpdate {"event":"conversation_closed","reason":"manual","status":"closed"}`,
+		`3 system conversationUpdate {"event":"conversation_reopened","reason":"manual","status":"active"}`,
+		`4 system conversationUpdate {"event":"conversation_closed","reason":"manual","status":"closed"}`,
 	}
 	if strings.Join(got, "\n") != strings.Join(want, "\n") {
 		t.Fatalf("lifecycle:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))

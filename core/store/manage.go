@@ -178,30 +178,6 @@ func (o *Operator) RotateAPIKey(ctx context.Context, tenantID string, grace time
 	return r, nil
 }
 
-// DeactivateTenant sets a tenant inactive: its API keys, channels and tokens stop
-// working. changed is false when it was inactive already (nothing is written then).
-func (o *Operator) DeactivateTenant(ctx context.Context, tenantID string) (t Tenant, changed bool, err error) {
-	if !ids.IsUUID(tenantID) {
-		return Tenant{}, false, ErrNotFound
-	}
-	err = o.s.inTx(ctx, func(tx pgx.Tx) error {
-		err := tx.QueryRow(ctx, `SELECT id::text, name, status, api_key_prefix FROM tenants WHERE id = $1 FOR UPDATE`,
-			tenantID).Scan(&t.ID, &t.Name, &t.Status, &t.APIKeyPrefix)
-		if err != nil || t.Status == "inactive" {
-			return notFound(err)
-		}
-		if _, err := tx.Exec(ctx, `UPDATE tenants SET status = 'inactive', updated_at = now() WHERE id = $1`, tenantID); err != nil {
-			return err
-		}
-		before := t.Status
-		t.Status, changed = "inactive", true
-		return audit(ctx, tx, o.actor, "tenants.deactivate", tenantResource(t.ID), map[string]any{
-			"before": map[string]any{"status": before}, "after": map[string]any{"status": t.Status},
-		})
-	})
-	return t, changed, err
-}
-
 // CreateChannel creates a channel of a tenant with a new secret (stored as SHA-256 and
 // sealed with ENCRYPTION_KEY) and publishable key (SHA-256); the secrets are returned
 // only here. A name the tenant already uses is ErrConflict.

@@ -539,6 +539,9 @@ func TestNotifyChannelIsTheSidecars(t *testing.T) {
 	if store.NotifyRateLimitOverrides != sidecartenants.NotifyChannel {
 		t.Fatalf("core notifies %q, the sidecar listens on %q", store.NotifyRateLimitOverrides, sidecartenants.NotifyChannel)
 	}
+	if store.NotifyTenantChanges != sidecartenants.NotifyTenantChanges {
+		t.Fatalf("core notifies %q, the sidecar listens on %q", store.NotifyTenantChanges, sidecartenants.NotifyTenantChanges)
+	}
 }
 
 func TestOperatorCreateAdminUser(t *testing.T) {

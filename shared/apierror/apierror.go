@@ -3,6 +3,7 @@
 package apierror
 
 import (
+	"bytes"
 	"encoding/base64"
 	"encoding/binary"
 	"encoding/json"
@@ -49,12 +50,25 @@ func (e Error) Body(details any, requestID string) []byte {
 	if details == nil {
 		details = struct{}{}
 	}
-	b, err := json.Marshal(envelope{body{e.Code, e.Message, details, requestID}})
+	b, err := Marshal(envelope{body{e.Code, e.Message, details, requestID}})
 	if err != nil {
 		// details that cannot be encoded are left out rather than losing the error.
-		b, _ = json.Marshal(envelope{body{e.Code, e.Message, struct{}{}, requestID}})
+		b, _ = Marshal(envelope{body{e.Code, e.Message, struct{}{}, requestID}})
 	}
 	return b
+}
+
+// Marshal encodes JSON as the envelope and the core's answers are written: encoding/json
+// without its HTML escaping, since they are application/json, never HTML, and "<", ">"
+// and "&" read as themselves (a URL's "&" stays "&", not "\u0026").
+func Marshal(v any) ([]byte, error) {
+	var b bytes.Buffer
+	enc := json.NewEncoder(&b)
+	enc.SetEscapeHTML(false)
+	if err := enc.Encode(v); err != nil {
+		return nil, err
+	}
+	return bytes.TrimSuffix(b.Bytes(), []byte("\n")), nil
 }
 
 // RateLimitDetails are the details of a rate_limited error.

@@ -37,3 +37,12 @@ func TestRequestID(t *testing.T) {
 		seen[id] = true
 	}
 }
+
+// The envelope is JSON for programs, not HTML: "<", ">" and "&" are not escaped.
+func TestBodyDoesNotEscapeHTML(t *testing.T) {
+	got := string(BadRequest.WithMessage("a < b & c > d").Body(map[string]string{"q": "x=1&y=<2>"}, "r&1"))
+	want := `{"error":{"code":"bad_request","message":"a < b & c > d","details":{"q":"x=1&y=<2>"},"request_id":"r&1"}}`
+	if got != want {
+		t.Fatalf("got  %s\nwant %s", got, want)
+	}
+}

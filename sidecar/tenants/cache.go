@@ -93,7 +93,9 @@ func (c *cache[K, V]) get(k K) (V, Status) {
 		it = &item[V]{}
 		c.m[k] = it
 	}
-	if c.d.breaker.closed() {
+	// A load that finished between the read lock and this one filled the item: no
+	// second load for it.
+	if c.d.breaker.closed() && (!it.filled || !now.Before(it.expires)) {
 		c.startLocked(k, it)
 	}
 	wait := it.loading
@@ -194,4 +196,26 @@ func (c *cache[K, V]) invalidateAll() {
 	c.mu.Lock()
 	c.m = make(map[K]*item[V])
 	c.mu.Unlock()
+}
+
+// invalidateWhere drops the found values that match, and every lookup in flight (it
+// may have read the row before the change that led here), as invalidate does.
+func (c *cache[K, V]) invalidateWhere(match func(V) bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for k, it := range c.m {
+		if it.loading != nil || (it.filled && it.found && match(it.val)) {
+			delete(c.m, k)
+		}
+	}
+}
+
+// refreshAll makes every value reload in the background at its next lookup, which is
+// still answered with the cached value.
+func (c *cache[K, V]) refreshAll() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for _, it := range c.m {
+		it.refreshAt = time.Time{}
+	}
 }

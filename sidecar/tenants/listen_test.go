@@ -148,3 +148,89 @@ func TestListenReconnects(t *testing.T) {
 	e.setLimits(b, uploadLimit(4), true)
 	waitFor(t, 5*time.Second, "a notification after reconnecting", func() bool { return e.overrideIs(b, 4) })
 }
+
+// A change of a tenant or of one of its channels (announced on tenant_changes by the
+// core's trigger, whatever makes it) drops that tenant's cached credentials at once,
+// without the credential TTL passing; other tenants' stay cached.
+func TestTenantChangesDropCredentialsAtOnce(t *testing.T) {
+	e := newEnv(t, "", Options{CredentialTTL: 30 * time.Second})
+	keyA, keyB := newKey("cvg_live_"), newKey("cvg_live_")
+	a, b := e.addTenant(keyA), e.addTenant(keyB)
+	secretA, pubA, secretB := newKey("s_"), newKey("cvg_pk_"), newKey("s_")
+	chA, chB := e.addChannel(a, secretA, pubA), e.addChannel(b, secretB, "")
+	e.listen()
+	waitFor(t, 10*time.Second, "Listening", e.d.Listening)
+
+	active := func() (bool, bool, bool, bool, bool) {
+		ta, _ := e.d.TenantByAPIKey(keyA)
+		ca, _ := e.d.ChannelBySecret(secretA)
+		pa, _ := e.d.ChannelByPublishableKey(pubA)
+		tb, _ := e.d.TenantByAPIKey(keyB)
+		cb, _ := e.d.ChannelBySecret(secretB)
+		return ta.Active, ca.Active, pa.Active, tb.Active, cb.Active
+	}
+	if ta, ca, pa, tb, cb := active(); !ta || !ca || !pa || !tb || !cb {
+		t.Fatalf("before: %v %v %v %v %v", ta, ca, pa, tb, cb)
+	}
+	if ten, _ := e.d.ChannelTenant(chA); ten != a {
+		t.Fatalf("ChannelTenant(a's channel) = %q", ten)
+	}
+	missesB := e.rec.count("api_keys", ResultMiss)
+
+	e.exec(`UPDATE tenants SET status = 'inactive' WHERE id = $1`, a)
+	waitFor(t, 5*time.Second, "a's key refused", func() bool { ta, _, _, _, _ := active(); return !ta })
+	if ta, ca, pa, tb, cb := active(); ta || ca || pa || !tb || !cb {
+		t.Fatalf("after a's deactivation: %v %v %v %v %v", ta, ca, pa, tb, cb)
+	}
+	if n := e.rec.count("api_keys", ResultMiss) - missesB; n < 1 {
+		t.Fatalf("a's key was not looked up again (%d misses)", n)
+	}
+
+	// A channel: its tenant's entries go, the channel is inactive at once.
+	e.exec(`UPDATE tenants SET status = 'active' WHERE id = $1`, a)
+	waitFor(t, 5*time.Second, "a's key accepted again", func() bool { ta, _, _, _, _ := active(); return ta })
+	e.exec(`UPDATE channels SET status = 'inactive' WHERE id = $1`, chB)
+	waitFor(t, 5*time.Second, "b's channel refused", func() bool { _, _, _, _, cb := active(); return !cb })
+	if ta, ca, pa, tb, _ := active(); !ta || !ca || !pa || !tb {
+		t.Fatalf("after b's channel's deactivation: %v %v %v %v", ta, ca, pa, tb)
+	}
+
+	// A rotation with no grace: the old key stops at once.
+	e.exec(`UPDATE tenants SET api_key_hash = $2 WHERE id = $1`, b, hash(newKey("cvg_live_")))
+	waitFor(t, 5*time.Second, "b's replaced key refused", func() bool {
+		_, st := e.d.TenantByAPIKey(keyB)
+		return st == NotFound
+	})
+	if n := e.rec.dbErrors(); n != 0 {
+		t.Errorf("%d database errors", n)
+	}
+}
+
+// After a reconnection (notifications may have been missed) every cached credential is
+// reloaded in the background at its next lookup, which still answers at once.
+func TestListenReconnectRefreshesCredentials(t *testing.T) {
+	e := newEnv(t, "", Options{CredentialTTL: 30 * time.Second})
+	key := newKey("cvg_live_")
+	a := e.addTenant(key)
+	e.listen()
+	waitFor(t, 10*time.Second, "Listening", e.d.Listening)
+	if ta, st := e.d.TenantByAPIKey(key); st != Found || !ta.Active {
+		t.Fatalf("before: %+v %v", ta, st)
+	}
+	// A change that nobody hears of (the trigger is off for it): the cached value stays.
+	e.exec(`ALTER TABLE tenants DISABLE TRIGGER tenants_notify_change`)
+	e.exec(`UPDATE tenants SET status = 'inactive' WHERE id = $1`, a)
+	e.exec(`ALTER TABLE tenants ENABLE TRIGGER tenants_notify_change`)
+	time.Sleep(100 * time.Millisecond)
+	if ta, st := e.d.TenantByAPIKey(key); st != Found || !ta.Active {
+		t.Fatalf("without a notification the cached value changed: %+v %v", ta, st)
+	}
+	pid := e.listenerPID(nil)
+	e.queryInt(`SELECT count(*) FROM (SELECT pg_terminate_backend($1)) t`, pid)
+	waitFor(t, 5*time.Second, "Listening to go false", func() bool { return !e.d.Listening() })
+	waitFor(t, 10*time.Second, "Listening to come back", e.d.Listening)
+	waitFor(t, 5*time.Second, "the change missed while disconnected", func() bool {
+		ta, st := e.d.TenantByAPIKey(key)
+		return st == Found && !ta.Active
+	})
+}

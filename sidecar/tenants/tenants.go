@@ -1,6 +1,7 @@
 // Package tenants is the sidecar's read-only view of tenants and channels in PostgreSQL:
 // credentials looked up by hash, channel → tenant, and per-tenant limit overrides, all
-// cached, invalidated by LISTEN rate_limit_overrides, and never waited on beyond a bound.
+// cached, invalidated by LISTEN rate_limit_overrides and tenant_changes, and never
+// waited on beyond a bound.
 package tenants
 
 import (
@@ -24,6 +25,11 @@ import (
 // NotifyChannel is the PostgreSQL channel on which every change of tenants.limits is
 // announced, with the tenant id as payload.
 const NotifyChannel = "rate_limit_overrides"
+
+// NotifyTenantChanges is the PostgreSQL channel on which the core's schema announces,
+// with the tenant id as payload, every change of a tenant's status or API keys and of
+// its channels' status, credentials or tenant (a trigger of the core's migrations).
+const NotifyTenantChanges = "tenant_changes"
 
 // Tenant is what the sidecar knows of a tenant API key's owner.
 type Tenant struct {
@@ -179,6 +185,19 @@ func (d *Directory) InvalidateOverrides(tenantID string) {
 	d.overrides.invalidate(canonicalUUID(strings.TrimSpace(tenantID)))
 }
 
+// InvalidateTenant drops what is cached of a tenant's credentials: its API keys, its
+// channels' secrets and publishable keys, and its channels' tenant, so that the next
+// lookup asks the database (a deactivation is refused at once). Lookups in flight are
+// dropped too: they may have read the row before the change.
+func (d *Directory) InvalidateTenant(tenantID string) {
+	id := canonicalUUID(strings.TrimSpace(tenantID))
+	d.apiKeys.invalidateWhere(func(t Tenant) bool { return t.ID == id })
+	ofTenant := func(c Channel) bool { return c.TenantID == id }
+	d.secrets.invalidateWhere(ofTenant)
+	d.publishable.invalidateWhere(ofTenant)
+	d.channelTenants.invalidateWhere(func(t string) bool { return t == id })
+}
+
 // canonicalUUID is the cache key of a UUID: PostgreSQL's lower-case form, the one that
 // NOTIFY payloads carry, so that an id written in upper case shares its entry and its
 // invalidation. It does not allocate for ids that are already lower case.
@@ -250,9 +269,11 @@ func (d *Directory) failed(op string, err error) {
 	d.breaker.failed(err)
 }
 
-// Listen follows NOTIFY rate_limit_overrides until ctx ends: each notification drops
-// that tenant's cached overrides at once. When the connection breaks it reconnects with
-// backoff and then drops every cached override, since notifications may have been missed.
+// Listen follows NOTIFY rate_limit_overrides and tenant_changes until ctx ends: each
+// notification drops that tenant's cached overrides, or its cached credentials
+// (InvalidateTenant), at once. When the connection breaks it reconnects with backoff and
+// then drops every cached override and reloads every cached credential at its next
+// lookup, since notifications may have been missed.
 func (d *Directory) Listen(ctx context.Context) {
 	const firstBackoff = 100 * time.Millisecond
 	backoff := firstBackoff
@@ -292,15 +313,25 @@ func (d *Directory) listenOnce(ctx context.Context) error {
 	// The connection stays in LISTEN state: it is taken out of the pool and closed after.
 	conn := pooled.Hijack()
 	defer conn.Close(context.Background())
-	if _, err := conn.Exec(ctx, "LISTEN "+NotifyChannel); err != nil {
+	if _, err := conn.Exec(ctx, "LISTEN "+NotifyChannel+"; LISTEN "+NotifyTenantChanges); err != nil {
 		return err
 	}
 	d.overrides.invalidateAll()
+	// Reloaded in the background at their next lookup rather than dropped, so that a
+	// reconnection does not make every check wait on the database.
+	d.apiKeys.refreshAll()
+	d.secrets.refreshAll()
+	d.publishable.refreshAll()
+	d.channelTenants.refreshAll()
 	d.listening.Store(true)
 	for {
 		n, err := conn.WaitForNotification(ctx)
 		if err != nil {
 			return fmt.Errorf("waiting for notifications: %w", err)
+		}
+		if n.Channel == NotifyTenantChanges {
+			d.InvalidateTenant(n.Payload)
+			continue
 		}
 		d.InvalidateOverrides(n.Payload)
 	}

@@ -123,6 +123,7 @@ func serve(ctx context.Context, cfg *config.Config, log *slog.Logger) error {
 		Middleware:     middleware,
 		Pages:          pages.Register,
 		Limiter:        lim,
+		CORSOrigins:    cfg.CORSOrigins,
 	})
 	lctx, cancel := context.WithCancel(ctx)
 	defer cancel()
@@ -130,7 +131,7 @@ func serve(ctx context.Context, cfg *config.Config, log *slog.Logger) error {
 	go st.RunInboundSignaturePurge(lctx, time.Minute, log)
 	errc := make(chan error, 1)
 	go func() { errc <- app.Listen(cfg.Addr) }()
-	log.Info("core started", "addr", cfg.Addr, "public_url", cfg.PublicURL)
+	log.Info("core started", "addr", cfg.Addr, "public_url", cfg.PublicURL, "cors_origins", cfg.CORSOrigins)
 	select {
 	case err := <-errc:
 		return fmt.Errorf("CORE_ADDR %s: %w", cfg.Addr, err)
