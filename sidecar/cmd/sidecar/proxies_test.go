@@ -8,13 +8,11 @@ import (
 	"net"
 	"net/http"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"regexp"
 	"strconv"
 	"strings"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
@@ -22,14 +20,12 @@ import (
 	authv3 "github.com/envoyproxy/go-control-plane/envoy/service/auth/v3"
 
 	"github.com/converger/edge/shared/debpkg"
+	"github.com/converger/edge/shared/proxyserver"
 	"github.com/converger/edge/shared/token"
 )
 
 // The shipped Caddy and nginx configurations, run by the real proxies in front of the
 // built sidecar and an upstream that records what reaches it.
-
-// proxyBinaries are the proxies' binaries as Debian's packages install them.
-var proxyBinaries = map[string]string{"caddy": "/usr/bin/caddy", "nginx": "/usr/sbin/nginx"}
 
 var (
 	proxiesOnce sync.Once
@@ -40,18 +36,14 @@ var (
 // packages when one is missing and the tests run as root, and skips the test otherwise.
 func requireProxies(t *testing.T) {
 	t.Helper()
-	var missing []string
-	for pkg, bin := range proxyBinaries {
-		if !debpkg.IsExecutable(bin) {
-			missing = append(missing, pkg)
-		}
-	}
+	missing := proxyserver.Missing()
 	if len(missing) == 0 {
 		return
 	}
 	if !debpkg.CanInstall() {
 		t.Skipf("SKIP: the real-proxy tests need Caddy (%s) and nginx (%s): install Debian's caddy and nginx packages "+
-			"(apt-get install caddy nginx), or run the tests as root, which installs them", proxyBinaries["caddy"], proxyBinaries["nginx"])
+			"(apt-get install caddy nginx), or run the tests as root, which installs them",
+			proxyserver.Binaries[proxyserver.Caddy], proxyserver.Binaries[proxyserver.Nginx])
 	}
 	proxiesOnce.Do(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
@@ -61,10 +53,8 @@ func requireProxies(t *testing.T) {
 	if proxiesErr != nil {
 		t.Fatal(proxiesErr)
 	}
-	for _, bin := range proxyBinaries {
-		if !debpkg.IsExecutable(bin) {
-			t.Fatalf("installed the packages, but %s is still missing", bin)
-		}
+	if missing := proxyserver.Missing(); len(missing) > 0 {
+		t.Fatalf("installed the packages, but %v are still missing", missing)
 	}
 }
 
@@ -121,116 +111,23 @@ func (u *upstream) got(id string) (seenRequest, bool) {
 	return r, ok
 }
 
-// proxy is a running Caddy or nginx.
-type proxy struct {
-	name, addr string
-	out        *logLines
-}
-
-// startProxyProcess runs cmd until the test ends and waits until addr answers HTTP.
-func startProxyProcess(t *testing.T, name string, cmd *exec.Cmd, addr string) *proxy {
+// startProxy starts Caddy or nginx with its shipped configuration in front of the
+// sidecar's HTTP address and the upstream, until the test ends.
+func startProxy(t *testing.T, name, sidecarHTTP, core string) *proxyserver.Proxy {
 	t.Helper()
-	p := &proxy{name: name, addr: addr, out: newLogLines()}
-	cmd.Stdout, cmd.Stderr = p.out, p.out
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	cmd.WaitDelay = 5 * time.Second
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	done := make(chan struct{})
-	go func() { _ = cmd.Wait(); close(done) }()
-	t.Cleanup(func() {
-		_ = cmd.Process.Signal(syscall.SIGTERM)
-		select {
-		case <-done:
-		case <-time.After(5 * time.Second):
-			_ = cmd.Process.Kill()
-			<-done
-		}
-		if t.Failed() {
-			t.Logf("%s output:\n%s", name, tail(p.out.String()))
-		}
+	p, err := proxyserver.Start(context.Background(), proxyserver.Options{
+		Proxy: name, Root: repoFile(t, "."), Sidecar: sidecarHTTP, Upstream: core, Dir: t.TempDir(),
 	})
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		c, err := net.DialTimeout("tcp", addr, time.Second)
-		if err == nil {
-			c.Close()
-			return p
-		}
-		select {
-		case <-done:
-			t.Fatalf("%s exited before it listened on %s:\n%s", name, addr, p.out)
-		default:
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%s does not listen on %s after 30 s:\n%s", name, addr, p.out)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-}
-
-// startCaddy runs deploy/caddy/Caddyfile as shipped, its addresses set through the
-// environment variables it reads.
-func startCaddy(t *testing.T, sidecarHTTP, core string) *proxy {
-	t.Helper()
-	dir := t.TempDir()
-	addr := fmt.Sprintf("127.0.0.1:%d", freePort(t))
-	cmd := exec.Command(proxyBinaries["caddy"], "run", "--adapter", "caddyfile", "--config", repoFile(t, "deploy/caddy/Caddyfile"))
-	cmd.Env = []string{
-		"PATH=" + os.Getenv("PATH"), "HOME=" + dir, "XDG_DATA_HOME=" + dir, "XDG_CONFIG_HOME=" + dir,
-		"CONVERGER_CADDY_ADMIN=off",
-		"CONVERGER_SITE=http://" + addr,
-		"CONVERGER_BIND=127.0.0.1",
-		"CONVERGER_SIDECAR=" + sidecarHTTP,
-		"CONVERGER_CORE=" + core,
-	}
-	return startProxyProcess(t, "caddy", cmd, addr)
-}
-
-// startNginx runs deploy/nginx/converger.conf, included in the http block of a minimal
-// nginx.conf, with only its addresses replaced.
-func startNginx(t *testing.T, sidecarHTTP, core string) *proxy {
-	t.Helper()
-	dir := t.TempDir()
-	addr := fmt.Sprintf("127.0.0.1:%d", freePort(t))
-	shipped, err := os.ReadFile(repoFile(t, "deploy/nginx/converger.conf"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	conf := string(shipped)
-	for _, r := range [][2]string{
-		{"server 127.0.0.1:8082;", "server " + sidecarHTTP + ";"},
-		{"server 127.0.0.1:8080;", "server " + core + ";"},
-		{"listen 8000;", "listen " + addr + ";"},
-	} {
-		if n := strings.Count(conf, r[0]); n != 1 {
-			t.Fatalf("deploy/nginx/converger.conf has %q %d times, want once", r[0], n)
+	t.Cleanup(func() {
+		p.Stop()
+		if t.Failed() {
+			t.Logf("%s output:\n%s", name, tail(p.Out.String()))
 		}
-		conf = strings.Replace(conf, r[0], r[1], 1)
-	}
-	if err := os.WriteFile(filepath.Join(dir, "converger.conf"), []byte(conf), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	var temps strings.Builder
-	for _, k := range []string{"client_body", "proxy", "fastcgi", "uwsgi", "scgi"} {
-		fmt.Fprintf(&temps, "  %s_temp_path %s;\n", k, filepath.Join(dir, k))
-	}
-	main := fmt.Sprintf(`daemon off;
-master_process off;
-pid %s;
-error_log stderr notice;
-events { worker_connections 512; }
-http {
-  access_log off;
-%s  include %s;
-}
-`, filepath.Join(dir, "nginx.pid"), temps.String(), filepath.Join(dir, "converger.conf"))
-	if err := os.WriteFile(filepath.Join(dir, "nginx.conf"), []byte(main), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	cmd := exec.Command(proxyBinaries["nginx"], "-p", dir, "-c", filepath.Join(dir, "nginx.conf"))
-	return startProxyProcess(t, "nginx", cmd, addr)
+	})
+	return p
 }
 
 // client sends requests to a proxy from one loopback address: a client of its own.
@@ -259,13 +156,13 @@ var testIDs struct {
 }
 
 // send sends a request with a new x-test-id, returned with the answer.
-func (c *client) send(p *proxy, method, path, body string, header map[string]string) (answer, string) {
+func (c *client) send(p *proxyserver.Proxy, method, path, body string, header map[string]string) (answer, string) {
 	c.t.Helper()
 	testIDs.Lock()
 	testIDs.n++
-	id := fmt.Sprintf("%s-%d", p.name, testIDs.n)
+	id := fmt.Sprintf("%s-%d", p.Name, testIDs.n)
 	testIDs.Unlock()
-	req, err := http.NewRequest(method, "http://"+p.addr+path, strings.NewReader(body))
+	req, err := http.NewRequest(method, "http://"+p.Addr+path, strings.NewReader(body))
 	if err != nil {
 		c.t.Fatal(err)
 	}
@@ -275,7 +172,7 @@ func (c *client) send(p *proxy, method, path, body string, header map[string]str
 	}
 	resp, err := c.http.Do(req)
 	if err != nil {
-		c.t.Fatalf("%s %s via %s: %v", method, path, p.name, err)
+		c.t.Fatalf("%s %s via %s: %v", method, path, p.Name, err)
 	}
 	defer resp.Body.Close()
 	b, err := io.ReadAll(resp.Body)
@@ -411,13 +308,10 @@ func TestBehindProxies(t *testing.T) {
 	})
 	t.Cleanup(func() { hung.Close(); held.Wait() })
 
-	for i, px := range []struct {
-		name  string
-		start func(*testing.T, string, string) *proxy
-	}{{"caddy", startCaddy}, {"nginx", startNginx}} {
-		t.Run(px.name, func(t *testing.T) {
+	for i, name := range []string{proxyserver.Caddy, proxyserver.Nginx} {
+		t.Run(name, func(t *testing.T) {
 			t.Parallel()
-			p := px.start(t, sc.httpAddr, core.addr)
+			p := startProxy(t, name, sc.httpAddr, core.addr)
 			// Each proxy's clients: loopback addresses of their own.
 			a := newClient(t, fmt.Sprintf("127.0.0.%d", 10+10*i))
 			b := newClient(t, fmt.Sprintf("127.0.0.%d", 11+10*i))
@@ -434,9 +328,9 @@ func TestBehindProxies(t *testing.T) {
 						t.Fatalf("request %d of 3 reached the upstream as %+v (%v)", n+1, got, ok)
 					}
 				}
-				ans, id := a.send(p, "POST", "/api/v1/tokens", `{"user":"u1"}`, map[string]string{"X-Request-Id": "over-" + p.name})
+				ans, id := a.send(p, "POST", "/api/v1/tokens", `{"user":"u1"}`, map[string]string{"X-Request-Id": "over-" + p.Name})
 				env := denied(t, "over the budget", ans, 429, "rate_limited")
-				if env.Error.RequestID != "over-"+p.name {
+				if env.Error.RequestID != "over-"+p.Name {
 					t.Errorf("request_id %q, want the client's", env.Error.RequestID)
 				}
 				if _, ok := core.got(id); ok {
@@ -444,13 +338,13 @@ func TestBehindProxies(t *testing.T) {
 				}
 				// What Envoy's client gets for the same request: the same status, headers and
 				// body (but for the milliseconds that passed in between).
-				want := envoyAnswer(t, sc, a.ip, "POST", "/api/v1/tokens", map[string]string{"x-request-id": "over-" + p.name})
+				want := envoyAnswer(t, sc, a.ip, "POST", "/api/v1/tokens", map[string]string{"x-request-id": "over-" + p.Name})
 				if want.status != ans.status || retryMS.ReplaceAllString(want.body, "") != retryMS.ReplaceAllString(ans.body, "") {
-					t.Errorf("through %s: %d %s; through Envoy: %d %s", p.name, ans.status, ans.body, want.status, want.body)
+					t.Errorf("through %s: %d %s; through Envoy: %d %s", p.Name, ans.status, ans.body, want.status, want.body)
 				}
 				for _, h := range []string{"Content-Type", "X-Request-Id"} {
 					if want.header.Get(h) != ans.header.Get(h) {
-						t.Errorf("%s: %q through %s, %q through Envoy", h, ans.header.Get(h), p.name, want.header.Get(h))
+						t.Errorf("%s: %q through %s, %q through Envoy", h, ans.header.Get(h), p.Name, want.header.Get(h))
 					}
 				}
 			})
@@ -552,7 +446,7 @@ func TestBehindProxies(t *testing.T) {
 			// The failure mode of the shipped configs: fail open, as Envoy's.
 			for _, down := range []struct{ name, addr string }{{"unreachable", closed}, {"hung", hung.Addr().String()}} {
 				t.Run("sidecar "+down.name+": fail open", func(t *testing.T) {
-					dp := px.start(t, down.addr, core.addr)
+					dp := startProxy(t, name, down.addr, core.addr)
 					start := time.Now()
 					for n := range 5 {
 						ans, id := a.send(dp, "POST", "/api/v1/tokens", "body", nil)
