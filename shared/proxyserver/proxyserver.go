@@ -120,6 +120,16 @@ func Start(ctx context.Context, o Options) (*Proxy, error) {
 // Pid is the proxy's process id.
 func (p *Proxy) Pid() int { return p.cmd.Process.Pid }
 
+// Exited returns an error, with the end of the proxy's output, once it has exited.
+func (p *Proxy) Exited() error {
+	select {
+	case <-p.done:
+		return fmt.Errorf("%s exited; its last output:\n%s", p.Name, p.Out.String())
+	default:
+		return nil
+	}
+}
+
 // Stop stops the proxy (SIGTERM, then SIGKILL after 5 s) and waits for it.
 func (p *Proxy) Stop() {
 	select {
