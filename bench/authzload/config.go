@@ -71,6 +71,14 @@ func DefaultForwardAuthConfig() Config {
 	return c
 }
 
+// Name is the bench command that runs the configuration: authz or forward-auth.
+func (c Config) Name() string {
+	if c.Interface == "http" {
+		return "forward-auth"
+	}
+	return "authz"
+}
+
 // ProxyList is Proxies as a list.
 func (c Config) ProxyList() []string {
 	var out []string

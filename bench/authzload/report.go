@@ -189,12 +189,7 @@ func fmtCPU(d time.Duration) string {
 func (r *Report) Command() string { return runinfo.Command(r.name(), r.Config.Args) }
 
 // name is the bench command of the run.
-func (r *Report) name() string {
-	if r.Config.Interface == "http" {
-		return "forward-auth"
-	}
-	return "authz"
-}
+func (r *Report) name() string { return r.Config.Name() }
 
 // loops says how the closed loops reach a target.
 func (r *Report) loops() string {

@@ -24,7 +24,7 @@ func Run(ctx context.Context, cfg Config, stdout, stderr io.Writer) (rep *Report
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	logf := func(format string, args ...any) { fmt.Fprintf(stderr, "bench authz: "+format+"\n", args...) }
+	logf := func(format string, args ...any) { fmt.Fprintf(stderr, "bench "+cfg.Name()+": "+format+"\n", args...) }
 	root := procs.RepoRoot()
 	sidecarBin, err := procs.FindSidecar(root, cfg.Sidecar)
 	if err != nil {
