@@ -1,4 +1,4 @@
-// Package debpkg installs the Debian packages that tests run as real servers (Caddy,
+// Package debpkg installs the Debian packages that tests run (PostgreSQL, Chromium, Caddy,
 // nginx) with apt-get, when they are missing and the tests run as root, as CI does.
 package debpkg
 
