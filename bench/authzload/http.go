@@ -5,6 +5,8 @@ import (
 	"net/http"
 	"strings"
 
+	authv3 "github.com/envoyproxy/go-control-plane/envoy/service/auth/v3"
+
 	"github.com/converger/edge/bench/rawhttp"
 )
 
@@ -60,31 +62,28 @@ func skipped(name string) bool {
 // mix's load balancer, which Envoy reports as the source) appended, so that the
 // sidecar resolves the same client as from the CheckRequest.
 func forwardAuthRequests(m *Mix) ([][]byte, error) {
-	out := make([][]byte, m.Len())
-	for pos := range out {
-		cr, err := m.Request(pos)
-		if err != nil {
-			return nil, err
-		}
-		h := cr.GetAttributes().GetRequest().GetHttp()
-		hd := map[string]string{}
-		for k, v := range h.GetHeaders() {
-			if !skipped(k) {
-				hd[k] = v
-			}
-		}
+	return httpRequests(m, func(cr *authv3.CheckRequest, h *authv3.AttributeContext_HttpRequest, hd map[string]string) []byte {
 		hd["x-forwarded-method"] = h.GetMethod()
 		hd["x-forwarded-uri"] = h.GetPath()
 		hd["x-forwarded-for"] = h.GetHeaders()["x-forwarded-for"] + ", " + cr.GetAttributes().GetSource().GetAddress().GetSocketAddress().GetAddress()
-		out[pos] = rawhttp.Request("GET", "/check", h.GetHost(), hd)
-	}
-	return out, nil
+		return rawhttp.Request("GET", "/check", h.GetHost(), hd)
+	})
 }
 
 // clientRequests builds, for every request of the mix, the request its client sends a
 // proxy: the method, URI and headers, without the body, and the client's address in
 // X-Forwarded-For as a load balancer in front of the proxy would write it.
 func clientRequests(m *Mix) ([][]byte, error) {
+	return httpRequests(m, func(_ *authv3.CheckRequest, h *authv3.AttributeContext_HttpRequest, hd map[string]string) []byte {
+		hd["x-forwarded-for"] = h.GetHeaders()["x-forwarded-for"]
+		// The proxies' site is 127.0.0.1; its port does not take part in matching.
+		return rawhttp.Request(h.GetMethod(), h.GetPath(), "127.0.0.1", hd)
+	})
+}
+
+// httpRequests builds an HTTP request for every request of the mix with build, which
+// gets the CheckRequest and its headers but the skipped ones.
+func httpRequests(m *Mix, build func(*authv3.CheckRequest, *authv3.AttributeContext_HttpRequest, map[string]string) []byte) ([][]byte, error) {
 	out := make([][]byte, m.Len())
 	for pos := range out {
 		cr, err := m.Request(pos)
@@ -98,9 +97,7 @@ func clientRequests(m *Mix) ([][]byte, error) {
 				hd[k] = v
 			}
 		}
-		hd["x-forwarded-for"] = h.GetHeaders()["x-forwarded-for"]
-		// The proxies' site is 127.0.0.1; its port does not take part in matching.
-		out[pos] = rawhttp.Request(h.GetMethod(), h.GetPath(), "127.0.0.1", hd)
+		out[pos] = build(cr, h, hd)
 	}
 	return out, nil
 }
