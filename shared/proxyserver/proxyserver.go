@@ -1,6 +1,7 @@
-// Package proxyserver runs real Caddy and nginx with the repository's shipped
-// configurations (deploy/caddy/Caddyfile, deploy/nginx/converger.conf) in front of a
-// sidecar and an upstream on loopback, for the tests and the benchmarks.
+// Package proxyserver runs real Caddy, nginx and Traefik with the repository's shipped
+// configurations (deploy/caddy/Caddyfile, deploy/nginx/converger.conf,
+// deploy/traefik/converger.yml) in front of a sidecar and an upstream on loopback, for
+// the tests and the benchmarks.
 package proxyserver
 
 import (
@@ -8,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -19,11 +21,24 @@ import (
 	"github.com/converger/edge/shared/debpkg"
 )
 
-// The proxies, by the name of their Debian package.
+// The proxies, by the name of their Debian package (Traefik has none).
 const (
-	Caddy = "caddy"
-	Nginx = "nginx"
+	Caddy   = "caddy"
+	Nginx   = "nginx"
+	Traefik = "traefik"
 )
+
+// TraefikBinary is the Traefik binary to run: $TRAEFIK, else traefik on PATH; "" when
+// there is none. Debian has no package, and building one from the Go module proxy
+// (`go build ./cmd/traefik` in github.com/traefik/traefik/v3@v3.6.12) takes half an hour
+// on 2 cores, so the tests run Traefik only where one is provided.
+func TraefikBinary() string {
+	if b := os.Getenv("TRAEFIK"); b != "" {
+		return b
+	}
+	b, _ := exec.LookPath("traefik")
+	return b
+}
 
 // Binaries are the proxies' binaries where Debian's packages install them.
 var Binaries = map[string]string{Caddy: "/usr/bin/caddy", Nginx: "/usr/sbin/nginx"}
@@ -79,6 +94,8 @@ func Start(ctx context.Context, o Options) (*Proxy, error) {
 		cmd, err = caddy(o, addr)
 	case Nginx:
 		cmd, err = nginx(o, addr)
+	case Traefik:
+		cmd, err = traefik(o, addr)
 	default:
 		return nil, fmt.Errorf("proxyserver: unknown proxy %q", o.Proxy)
 	}
@@ -97,9 +114,7 @@ func Start(ctx context.Context, o Options) (*Proxy, error) {
 	go func() { _ = cmd.Wait(); close(p.done) }()
 	deadline := time.Now().Add(30 * time.Second)
 	for {
-		c, err := net.DialTimeout("tcp", addr, time.Second)
-		if err == nil {
-			c.Close()
+		if listening(o.Proxy, addr) {
 			return p, nil
 		}
 		select {
@@ -115,6 +130,25 @@ func Start(ctx context.Context, o Options) (*Proxy, error) {
 			return nil, fmt.Errorf("proxyserver: %s does not listen on %s after 30 s:\n%s", o.Proxy, addr, o.Output.String())
 		}
 	}
+}
+
+// listening reports whether the proxy serves: it accepts connections, and Traefik, which
+// loads its file provider after it listens, routes (answers anything but its 404).
+func listening(proxy, addr string) bool {
+	c, err := net.DialTimeout("tcp", addr, time.Second)
+	if err != nil {
+		return false
+	}
+	c.Close()
+	if proxy != Traefik {
+		return true
+	}
+	resp, err := (&http.Client{Timeout: time.Second}).Get("http://" + addr + "/")
+	if err != nil {
+		return false
+	}
+	resp.Body.Close()
+	return resp.StatusCode != http.StatusNotFound
 }
 
 // Pid is the proxy's process id.
@@ -207,6 +241,41 @@ func nginx(o Options, addr string) (*exec.Cmd, error) {
 		return nil, err
 	}
 	return exec.Command(Binaries[Nginx], "-p", o.Dir, "-c", filepath.Join(o.Dir, "nginx.conf")), nil
+}
+
+// traefik runs deploy/traefik/converger.yml with the file provider, only its addresses
+// replaced, and the static configuration it describes given as flags.
+func traefik(o Options, addr string) (*exec.Cmd, error) {
+	bin := TraefikBinary()
+	if bin == "" {
+		return nil, errors.New("proxyserver: no Traefik binary: set TRAEFIK or put traefik on PATH")
+	}
+	if o.Sidecar == "" {
+		return nil, errors.New("proxyserver: Traefik runs only with the check")
+	}
+	shipped, err := os.ReadFile(filepath.Join(o.Root, "deploy", "traefik", "converger.yml"))
+	if err != nil {
+		return nil, err
+	}
+	conf := string(shipped)
+	for _, e := range [][2]string{
+		{"address: http://127.0.0.1:8082/check", "address: http://" + o.Sidecar + "/check"},
+		{"url: http://127.0.0.1:8080", "url: http://" + o.Upstream},
+	} {
+		if n := strings.Count(conf, e[0]); n != 1 {
+			return nil, fmt.Errorf("proxyserver: deploy/traefik/converger.yml has %q %d times, want once", e[0], n)
+		}
+		conf = strings.Replace(conf, e[0], e[1], 1)
+	}
+	file := filepath.Join(o.Dir, "converger.yml")
+	if err := os.WriteFile(file, []byte(conf), 0o644); err != nil {
+		return nil, err
+	}
+	cmd := exec.Command(bin, "--entryPoints.web.address="+addr, "--providers.file.filename="+file,
+		"--log.level=INFO", "--global.checkNewVersion=false", "--global.sendAnonymousUsage=false")
+	cmd.Env = []string{"PATH=" + os.Getenv("PATH"), "HOME=" + o.Dir}
+	cmd.Dir = o.Dir
+	return cmd, nil
 }
 
 var (
