@@ -286,7 +286,8 @@ func TestBehindProxies(t *testing.T) {
 		"LOG_FORMAT":                   "json",
 	})
 	core := startUpstream(t)
-	// The sidecar down: a port nothing listens on, and one that accepts and never answers.
+	// The sidecar down: a port nothing listens on, one that accepts and never answers, and
+	// (below) one that answers 503.
 	closed := fmt.Sprintf("127.0.0.1:%d", freePort(t))
 	hung, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -307,6 +308,16 @@ func TestBehindProxies(t *testing.T) {
 		}
 	})
 	t.Cleanup(func() { hung.Close(); held.Wait() })
+	// A sidecar that answers 503 to everything.
+	failingSrv := &http.Server{ReadHeaderTimeout: 5 * time.Second, Handler: http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		http.Error(w, "overloaded", http.StatusServiceUnavailable)
+	})}
+	failingL, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go func() { _ = failingSrv.Serve(failingL) }()
+	t.Cleanup(func() { failingSrv.Close() })
 
 	for i, name := range []string{proxyserver.Caddy, proxyserver.Nginx, proxyserver.Traefik} {
 		t.Run(name, func(t *testing.T) {
@@ -461,7 +472,7 @@ func TestBehindProxies(t *testing.T) {
 				})
 				return
 			}
-			for _, down := range []struct{ name, addr string }{{"unreachable", closed}, {"hung", hung.Addr().String()}} {
+			for _, down := range []struct{ name, addr string }{{"unreachable", closed}, {"hung", hung.Addr().String()}, {"answering 503", failingL.Addr().String()}} {
 				t.Run("sidecar "+down.name+": fail open", func(t *testing.T) {
 					dp := startProxy(t, name, down.addr, core.addr)
 					start := time.Now()
