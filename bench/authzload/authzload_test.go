@@ -1,6 +1,9 @@
 package authzload
 
 import (
+	"bufio"
+	"bytes"
+	"net/http"
 	"strings"
 	"testing"
 	"time"
@@ -232,6 +235,84 @@ func TestConfigValidate(t *testing.T) {
 		f(&c)
 		if err := c.Validate(); err == nil {
 			t.Errorf("%s: Validate accepted %+v", name, c)
+		}
+	}
+}
+
+func TestForwardAuthConfigValidate(t *testing.T) {
+	if err := DefaultForwardAuthConfig().Validate(); err != nil {
+		t.Fatalf("defaults: %v", err)
+	}
+	for name, f := range map[string]func(*Config){
+		"unknown proxy":     func(c *Config) { c.Proxies = "caddy,apache" },
+		"proxies with gRPC": func(c *Config) { c.Interface = "grpc" },
+		"interface":         func(c *Config) { c.Interface = "udp" },
+		"too long":          func(c *Config) { c.Duration = 2 * time.Minute },
+	} {
+		c := DefaultForwardAuthConfig()
+		f(&c)
+		if err := c.Validate(); err == nil {
+			t.Errorf("%s: Validate accepted %+v", name, c)
+		}
+	}
+}
+
+// The forward-auth checks and the clients' requests built from the mix describe the
+// same requests as its CheckRequests: method, URI, credentials, and the client the
+// sidecar resolves from X-Forwarded-For behind the proxy.
+func TestHTTPRequestsOfTheMix(t *testing.T) {
+	t.Parallel()
+	p, err := NewPopulation(100, 0, 5, time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := BuildMix(p, 5, time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	checks, err := forwardAuthRequests(m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	clients, err := clientRequests(m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	proxies, err := clientip.Parse(TrustedProxies + ",127.0.0.1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Every class and key comes up in a sample of the sequence; the race detector makes
+	// the whole of it slow to parse.
+	for pos := 0; pos < m.Len(); pos += 3 {
+		cr, err := m.Request(pos)
+		if err != nil {
+			t.Fatal(err)
+		}
+		h := cr.GetAttributes().GetRequest().GetHttp()
+		want, _ := proxies.Resolve(cr.GetAttributes().GetSource().GetAddress().GetSocketAddress().GetAddress(), h.GetHeaders()["x-forwarded-for"])
+		check, err := http.ReadRequest(bufio.NewReader(bytes.NewReader(checks[pos])))
+		if err != nil {
+			t.Fatalf("check %d: %v\n%s", pos, err, checks[pos])
+		}
+		if check.Method != "GET" || check.URL.Path != "/check" || check.Header.Get("X-Forwarded-Method") != h.GetMethod() ||
+			check.Header.Get("X-Forwarded-Uri") != h.GetPath() || check.ContentLength != 0 {
+			t.Fatalf("check %d: %s %s %v for %s %s", pos, check.Method, check.URL, check.Header, h.GetMethod(), h.GetPath())
+		}
+		if got, _ := proxies.Resolve("127.0.0.1:4000", check.Header.Get("X-Forwarded-For")); got != want {
+			t.Fatalf("check %d: the sidecar resolves client %v, the CheckRequest %v", pos, got, want)
+		}
+		client, err := http.ReadRequest(bufio.NewReader(bytes.NewReader(clients[pos])))
+		if err != nil {
+			t.Fatalf("client request %d: %v", pos, err)
+		}
+		if client.Method != h.GetMethod() || client.RequestURI != h.GetPath() || client.ContentLength != 0 {
+			t.Fatalf("client request %d: %s %s for %s %s", pos, client.Method, client.RequestURI, h.GetMethod(), h.GetPath())
+		}
+		for _, name := range []string{"authorization", "x-api-key", "x-request-id"} {
+			if v := h.GetHeaders()[name]; check.Header.Get(name) != v || client.Header.Get(name) != v {
+				t.Fatalf("request %d: %s not copied", pos, name)
+			}
 		}
 	}
 }

@@ -1,12 +1,15 @@
 // Package authzload is the authorization load test: it seeds a throwaway PostgreSQL, starts
-// the sidecar and a no-op Authorization server, drives Check with an Envoy-like mix against
-// both in alternating rounds, and reports throughput, latency and their ratios.
+// the sidecar and a no-op server, drives the sidecar's check with an Envoy-like mix against
+// both in alternating rounds, and reports throughput, latency and their ratios. The check
+// is ext_authz's Check over gRPC (bench authz) or the HTTP forward-auth check (bench
+// forward-auth), which also measures Caddy and nginx with the check against without it.
 package authzload
 
 import (
 	"errors"
 	"flag"
 	"fmt"
+	"strings"
 	"time"
 )
 
@@ -18,6 +21,8 @@ const (
 
 // Config is the load test's configuration, one field per flag.
 type Config struct {
+	// Interface is the check driven: "grpc" (ext_authz Check) or "http" (forward-auth).
+	Interface   string
 	Sidecar     string        // the sidecar binary
 	Keys        int           // distinct keys in the mix
 	Over        float64       // share of keys driven over their limit
@@ -30,6 +35,9 @@ type Config struct {
 	Seed        uint64 // of the mix
 	Out         string // markdown report; "" writes none
 	Strict      bool   // exit 1 when a target is missed
+	// Proxies (http only) are the proxies measured with the check against without it:
+	// "caddy", "nginx", comma-separated; "" none.
+	Proxies string
 
 	// Args are the command-line arguments the configuration came from, for the report's
 	// command that reproduces the run.
@@ -39,6 +47,7 @@ type Config struct {
 // DefaultConfig returns the defaults of the flags.
 func DefaultConfig() Config {
 	return Config{
+		Interface:   "grpc",
 		Sidecar:     "bin/sidecar",
 		Keys:        10_000,
 		Over:        0.1,
@@ -53,13 +62,45 @@ func DefaultConfig() Config {
 	}
 }
 
+// DefaultForwardAuthConfig returns the defaults of `bench forward-auth`.
+func DefaultForwardAuthConfig() Config {
+	c := DefaultConfig()
+	c.Interface = "http"
+	c.Out = "bench/results/forward-auth.md"
+	c.Proxies = "caddy,nginx"
+	return c
+}
+
+// Name is the bench command that runs the configuration: authz or forward-auth.
+func (c Config) Name() string {
+	if c.Interface == "http" {
+		return "forward-auth"
+	}
+	return "authz"
+}
+
+// ProxyList is Proxies as a list.
+func (c Config) ProxyList() []string {
+	var out []string
+	for _, p := range strings.Split(c.Proxies, ",") {
+		if p = strings.TrimSpace(p); p != "" {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
 // RegisterFlags defines the flags of `bench authz` on fs, with c's values as defaults.
 func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.StringVar(&c.Sidecar, "sidecar", c.Sidecar, "sidecar binary (relative paths: from the repository root, else the working directory)")
 	fs.IntVar(&c.Keys, "keys", c.Keys, "distinct keys in the mix: API keys, tokens, channel secrets, publishable keys, inbound channel ids, client IPs")
 	fs.Float64Var(&c.Over, "over", c.Over, "share of the keys driven over their limit (0 to 0.5)")
 	fs.IntVar(&c.Concurrency, "concurrency", c.Concurrency, "requests in flight per target (closed loop)")
-	fs.IntVar(&c.Conns, "conns", c.Conns, "gRPC connections per target, used round robin")
+	if c.Interface == "http" {
+		fs.StringVar(&c.Proxies, "proxies", c.Proxies, "proxies measured with the check against without it, comma-separated (caddy, nginx); empty: none")
+	} else {
+		fs.IntVar(&c.Conns, "conns", c.Conns, "gRPC connections per target, used round robin")
+	}
 	fs.DurationVar(&c.Warmup, "warmup", c.Warmup, "unmeasured warm-up per target and round")
 	fs.DurationVar(&c.Duration, "duration", c.Duration, "measured phase per target and round")
 	fs.IntVar(&c.Rounds, "rounds", c.Rounds, "rounds; each runs both targets, in alternating order")
@@ -81,7 +122,11 @@ func (c Config) Validate() error {
 			errs = append(errs, fmt.Errorf(format, args...))
 		}
 	}
+	check(c.Interface == "grpc" || c.Interface == "http", "interface %q: must be grpc or http", c.Interface)
 	check(c.Sidecar != "", "-sidecar: required")
+	for _, p := range c.ProxyList() {
+		check(c.Interface == "http" && (p == "caddy" || p == "nginx"), "-proxies: %q is not caddy or nginx", p)
+	}
 	check(c.Keys >= 100 && c.Keys <= 1_000_000, "-keys %d: must be from 100 to 1000000", c.Keys)
 	check(c.Over >= 0 && c.Over <= 0.5, "-over %g: must be from 0 to 0.5", c.Over)
 	check(c.Concurrency >= 1 && c.Concurrency <= 4096, "-concurrency %d: must be from 1 to 4096", c.Concurrency)
@@ -90,8 +135,8 @@ func (c Config) Validate() error {
 	check(c.Duration >= 100*time.Millisecond, "-duration %v: must be at least 100ms", c.Duration)
 	check(c.Rounds >= 1 && c.Rounds <= 100, "-rounds %d: must be from 1 to 100", c.Rounds)
 	check(c.MaxRequests >= c.Concurrency && c.MaxRequests <= 100_000_000, "-max-requests %d: must be from -concurrency to 100000000", c.MaxRequests)
-	if total := time.Duration(c.Rounds) * 2 * (c.Warmup + c.Duration); total > maxRun {
-		errs = append(errs, fmt.Errorf("-rounds × 2 × (-warmup + -duration) = %v: at most %v, since the tokens of the mix expire after 30 minutes", total, maxRun))
+	if total := time.Duration(c.Rounds) * 2 * (c.Warmup + c.Duration) * time.Duration(1+len(c.ProxyList())); total > maxRun {
+		errs = append(errs, fmt.Errorf("-rounds × 2 × (-warmup + -duration) × (1 + proxies) = %v: at most %v, since the tokens of the mix expire after 30 minutes", total, maxRun))
 	}
 	return errors.Join(errs...)
 }

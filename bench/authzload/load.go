@@ -2,7 +2,6 @@ package authzload
 
 import (
 	"context"
-	"fmt"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -11,33 +10,86 @@ import (
 	"google.golang.org/grpc"
 
 	"github.com/converger/edge/bench/cputime"
-	"github.com/converger/edge/bench/procs"
 	"github.com/converger/edge/bench/rawcheck"
 )
 
-// target is a server under load with its connections. sent is the number of requests sent
-// to it so far, across phases: it is the target's position in the mix.
+// target is a server under load with the client that calls it. sent is the number of
+// requests sent to it so far, across phases: it is the target's position in the mix.
 type target struct {
-	name  string
-	addr  string
-	proc  *procs.Proc
-	conns []*grpc.ClientConn
-	sent  atomic.Uint64
+	name   string
+	addr   string
+	proc   process
+	client caller
+	sent   atomic.Uint64
 	// deniedKeys marks the keys that got a 429 at least once, in any phase.
 	deniedKeys []bool
 }
 
-// dial opens n connections to the target and waits until all are ready.
-func (t *target) dial(ctx context.Context, n int) error {
-	conns, err := rawcheck.Dial(ctx, t.addr, n)
-	if err != nil {
-		return fmt.Errorf("%s: %w", t.name, err)
+func (t *target) close() {
+	if t.client != nil {
+		t.client.close()
 	}
-	t.conns = conns
-	return nil
 }
 
-func (t *target) close() { rawcheck.Close(t.conns) }
+// process is a target's process: its CPU time is measured, and a phase fails when it
+// has exited. *procs.Proc and *proxyserver.Proxy are processes.
+type process interface {
+	Pid() int
+	Exited() error
+}
+
+// verdict is what the load generator reads of an answer.
+type verdict uint8
+
+const (
+	allowed     verdict = iota
+	rateLimited         // 429
+	rejected            // another denial: a credential the sidecar refused
+)
+
+// caller sends the request at a position of the mix, for one of the closed loops, and
+// reads the verdict of the answer: over gRPC (Check) or HTTP (forward-auth).
+type caller interface {
+	call(ctx context.Context, worker, pos int) (verdict, error)
+	close()
+}
+
+// grpcCaller sends pre-marshaled CheckRequests over a few connections, round robin by
+// worker.
+type grpcCaller struct {
+	conns   []*grpc.ClientConn
+	reqs    []rawcheck.Request
+	replies []rawcheck.Reply // by worker
+}
+
+// dialGRPC opens n connections to addr and waits until all are ready.
+func dialGRPC(ctx context.Context, addr string, n, workers int, m *Mix) (*grpcCaller, error) {
+	conns, err := rawcheck.Dial(ctx, addr, n)
+	if err != nil {
+		return nil, err
+	}
+	c := &grpcCaller{conns: conns, reqs: make([]rawcheck.Request, m.Len()), replies: make([]rawcheck.Reply, workers)}
+	for i := range c.reqs {
+		c.reqs[i] = rawcheck.Request{B: m.Bytes(i)}
+	}
+	return c, nil
+}
+
+func (c *grpcCaller) call(ctx context.Context, worker, pos int) (verdict, error) {
+	reply := &c.replies[worker]
+	if err := c.conns[worker%len(c.conns)].Invoke(ctx, rawcheck.Method, &c.reqs[pos], reply); err != nil {
+		return 0, err
+	}
+	switch {
+	case reply.RateLimited():
+		return rateLimited, nil
+	case !reply.Allowed():
+		return rejected, nil
+	}
+	return allowed, nil
+}
+
+func (c *grpcCaller) close() { rawcheck.Close(c.conns) }
 
 // PhaseResult is the outcome of one measured phase of one target.
 type PhaseResult struct {
@@ -83,23 +135,18 @@ type worker struct {
 	byClass   [numClasses]ClassCount
 	deniedKey []bool // by key index: got a 429 in this phase
 	end       time.Time
-	reply     rawcheck.Reply
 }
 
-// runner runs phases: Concurrency closed loops over a target's connections, round robin.
+// runner runs phases: Concurrency closed loops over a target's client.
 type runner struct {
 	mix       *Mix
-	reqs      []rawcheck.Request
 	workers   []worker
 	perWorker int
 	all       []time.Duration
 }
 
 func newRunner(m *Mix, concurrency, maxRequests int) *runner {
-	r := &runner{mix: m, reqs: make([]rawcheck.Request, m.Len()), workers: make([]worker, concurrency)}
-	for i := range r.reqs {
-		r.reqs[i] = rawcheck.Request{B: m.Bytes(i)}
-	}
+	r := &runner{mix: m, workers: make([]worker, concurrency)}
 	r.perWorker = (maxRequests + concurrency - 1) / concurrency
 	for i := range r.workers {
 		r.workers[i].lat = make([]time.Duration, 0, r.perWorker)
@@ -118,9 +165,7 @@ func (r *runner) phase(ctx context.Context, t *target, d time.Duration, measured
 	deadline := start.Add(d)
 	var wg sync.WaitGroup
 	for i := range r.workers {
-		w := &r.workers[i]
-		conn := t.conns[i%len(t.conns)]
-		wg.Go(func() { r.loop(ctx, t, conn, w, deadline, measured) })
+		wg.Go(func() { r.loop(ctx, t, i, deadline, measured) })
 	}
 	wg.Wait()
 
@@ -181,7 +226,8 @@ func (r *runner) phase(ctx context.Context, t *target, d time.Duration, measured
 
 // loop is one closed loop: send, wait for the answer, record, repeat, until the deadline,
 // perWorker requests, or ctx ends.
-func (r *runner) loop(ctx context.Context, t *target, conn *grpc.ClientConn, w *worker, deadline time.Time, measured bool) {
+func (r *runner) loop(ctx context.Context, t *target, i int, deadline time.Time, measured bool) {
+	w := &r.workers[i]
 	*w = worker{lat: w.lat[:0], deniedKey: w.deniedKey}
 	done := ctx.Done()
 	for w.n < r.perWorker {
@@ -196,7 +242,7 @@ func (r *runner) loop(ctx context.Context, t *target, conn *grpc.ClientConn, w *
 			break
 		}
 		pos := r.mix.Position(t.sent.Add(1) - 1)
-		err := conn.Invoke(ctx, rawcheck.Method, &r.reqs[pos], &w.reply)
+		v, err := t.client.call(ctx, i, pos)
 		lat := time.Since(begin)
 		w.n++
 		c := r.mix.Class(pos)
@@ -211,10 +257,10 @@ func (r *runner) loop(ctx context.Context, t *target, conn *grpc.ClientConn, w *
 			if w.firstErr == nil {
 				w.firstErr = err
 			}
-		case w.reply.RateLimited():
+		case v == rateLimited:
 			denied = true
 			w.deniedKey[r.mix.Key(pos)] = true
-		case !w.reply.Allowed():
+		case v == rejected:
 			w.rejected++
 		}
 		if !measured {

@@ -17,7 +17,7 @@ import (
 
 // startSidecar starts the sidecar binary on free loopback ports and waits until /readyz
 // answers 200. It returns the process and its gRPC and HTTP addresses.
-func startSidecar(ctx context.Context, bin, databaseURL, verifyKey string, log io.Writer) (p *procs.Proc, grpcAddr, httpAddr string, err error) {
+func startSidecar(ctx context.Context, bin, databaseURL, verifyKey, trusted string, log io.Writer) (p *procs.Proc, grpcAddr, httpAddr string, err error) {
 	env := procs.SidecarEnv()
 	var lastErr error
 	for range 3 {
@@ -32,7 +32,7 @@ func startSidecar(ctx context.Context, bin, databaseURL, verifyKey string, log i
 			"SIDECAR_HTTP_ADDR="+httpAddr,
 			"DATABASE_URL="+databaseURL,
 			"TOKEN_VERIFY_KEYS="+verifyKey,
-			"TRUSTED_PROXIES="+TrustedProxies,
+			"TRUSTED_PROXIES="+trusted,
 			"LOG_LEVEL=warn",
 			"LOG_FORMAT=text",
 		)
@@ -53,9 +53,9 @@ func startSidecar(ctx context.Context, bin, databaseURL, verifyKey string, log i
 	return nil, "", "", lastErr
 }
 
-// startNoop starts `<this binary> noop-authz` on a free port and returns the address it
-// prints.
-func startNoop(ctx context.Context, log io.Writer) (*procs.Proc, string, error) {
+// startNoop starts `<this binary> <command>` (noop-authz or noop-forward-auth) on a free
+// port and returns the address it prints.
+func startNoop(ctx context.Context, command string, log io.Writer) (*procs.Proc, string, error) {
 	exe, err := os.Executable()
 	if err != nil {
 		return nil, "", fmt.Errorf("finding the bench binary: %w", err)
@@ -64,9 +64,9 @@ func startNoop(ctx context.Context, log io.Writer) (*procs.Proc, string, error) 
 	if err != nil {
 		return nil, "", err
 	}
-	cmd := exec.Command(exe, "noop-authz", "-addr", "127.0.0.1:0")
+	cmd := exec.Command(exe, command, "-addr", "127.0.0.1:0")
 	cmd.Stdout = w
-	p, err := procs.Start("no-op server", cmd, &procs.TailWriter{Prefix: "noop-authz: ", W: log})
+	p, err := procs.Start("no-op server", cmd, &procs.TailWriter{Prefix: command + ": ", W: log})
 	w.Close()
 	if err != nil {
 		r.Close()

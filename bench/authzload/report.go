@@ -39,6 +39,17 @@ type Report struct {
 	// Sent is the number of requests sent to the sidecar and the no-op, warm-ups included.
 	SentSidecar, SentNoop uint64
 	Counters              []promscrape.Sample
+	// Proxies (forward-auth) are the proxies measured with the check against alone.
+	Proxies []ProxyResult
+}
+
+// ProxyResult is a proxy with the forward-auth check against the same proxy alone.
+type ProxyResult struct {
+	Name         string
+	Skipped      string // why it was not measured; "" when it was
+	Phases       []PhaseResult
+	WarmupErrors int
+	pair
 }
 
 // SetupInfo describes the data and the mix.
@@ -61,11 +72,22 @@ type Summary struct {
 	ByClass                            [numClasses]ClassCount
 }
 
-func (r *Report) summarize() {
+// pair is a target's figures against its baseline's in the same rounds.
+type pair struct {
+	// A and B are the target's and the baseline's medians over rounds.
+	A, B Summary
+	// ThroughputRatio and P99Ratio compare the medians; the Paired ratios are the medians
+	// of the per-round ratios.
+	ThroughputRatio, P99Ratio   float64
+	PairedThroughput, PairedP99 float64
+}
+
+// summarizePair sums up the phases of targets a and b.
+func summarizePair(phases []PhaseResult, rounds int, a, b string) pair {
 	sum := func(name string) Summary {
 		s := Summary{Target: name}
 		var rps, p50, p99, tcpu, gcpu []float64
-		for _, p := range r.Phases {
+		for _, p := range phases {
 			if p.Target != name {
 				continue
 			}
@@ -87,26 +109,34 @@ func (r *Report) summarize() {
 		s.TargetCPU, s.GenCPU = time.Duration(Median(tcpu)), time.Duration(Median(gcpu))
 		return s
 	}
-	r.Sidecar, r.Noop = sum("sidecar"), sum("no-op")
-	r.ThroughputRatio = ratio(r.Sidecar.RPS, r.Noop.RPS)
-	r.P99Ratio = ratio(float64(r.Sidecar.P99), float64(r.Noop.P99))
+	x := pair{A: sum(a), B: sum(b)}
+	x.ThroughputRatio = ratio(x.A.RPS, x.B.RPS)
+	x.P99Ratio = ratio(float64(x.A.P99), float64(x.B.P99))
 	var thr, p99 []float64
-	for round := 1; round <= r.Config.Rounds; round++ {
-		var s, n *PhaseResult
-		for i := range r.Phases {
-			p := &r.Phases[i]
-			if p.Round == round && p.Target == "sidecar" {
-				s = p
-			} else if p.Round == round {
-				n = p
+	for round := 1; round <= rounds; round++ {
+		var pa, pb *PhaseResult
+		for i := range phases {
+			p := &phases[i]
+			if p.Round == round && p.Target == a {
+				pa = p
+			} else if p.Round == round && p.Target == b {
+				pb = p
 			}
 		}
-		if s != nil && n != nil {
-			thr = append(thr, ratio(s.RPS, n.RPS))
-			p99 = append(p99, ratio(float64(s.P99), float64(n.P99)))
+		if pa != nil && pb != nil {
+			thr = append(thr, ratio(pa.RPS, pb.RPS))
+			p99 = append(p99, ratio(float64(pa.P99), float64(pb.P99)))
 		}
 	}
-	r.PairedThroughput, r.PairedP99 = Median(thr), Median(p99)
+	x.PairedThroughput, x.PairedP99 = Median(thr), Median(p99)
+	return x
+}
+
+func (r *Report) summarize() {
+	x := summarizePair(r.Phases, r.Config.Rounds, "sidecar", "no-op")
+	r.Sidecar, r.Noop = x.A, x.B
+	r.ThroughputRatio, r.P99Ratio = x.ThroughputRatio, x.P99Ratio
+	r.PairedThroughput, r.PairedP99 = x.PairedThroughput, x.PairedP99
 	r.Pass = r.ThroughputRatio >= MinThroughputRatio && r.P99Ratio <= MaxP99Ratio &&
 		r.Sidecar.Errors == 0 && r.Noop.Errors == 0 && r.WarmupErrors == 0
 }
@@ -156,7 +186,18 @@ func fmtCPU(d time.Duration) string {
 }
 
 // Command is the command line that reproduces the run.
-func (r *Report) Command() string { return runinfo.Command("authz", r.Config.Args) }
+func (r *Report) Command() string { return runinfo.Command(r.name(), r.Config.Args) }
+
+// name is the bench command of the run.
+func (r *Report) name() string { return r.Config.Name() }
+
+// loops says how the closed loops reach a target.
+func (r *Report) loops() string {
+	if r.Config.Interface == "http" {
+		return "one keep-alive HTTP/1.1 connection each"
+	}
+	return fmt.Sprintf("%d gRPC connections per target, round robin", r.Config.Conns)
+}
 
 // flagRows lists the flags and their values.
 func (r *Report) flagRows() [][2]string {
@@ -167,6 +208,7 @@ func (r *Report) flagRows() [][2]string {
 		{"-over", fmt.Sprint(c.Over)},
 		{"-concurrency", fmt.Sprint(c.Concurrency)},
 		{"-conns", fmt.Sprint(c.Conns)},
+		{"-proxies", c.Proxies},
 		{"-warmup", c.Warmup.String()},
 		{"-duration", c.Duration.String()},
 		{"-rounds", fmt.Sprint(c.Rounds)},
@@ -180,8 +222,8 @@ func (r *Report) flagRows() [][2]string {
 // WriteText prints the report's tables.
 func (r *Report) WriteText(w io.Writer) {
 	c := r.Config
-	fmt.Fprintf(w, "\nbench authz: %d rounds × (%v warm-up + %v measured) per target, concurrency %d over %d connections\n",
-		c.Rounds, c.Warmup, c.Duration, c.Concurrency, c.Conns)
+	fmt.Fprintf(w, "\nbench %s: %d rounds × (%v warm-up + %v measured) per target, concurrency %d over %s\n",
+		r.name(), c.Rounds, c.Warmup, c.Duration, c.Concurrency, r.loops())
 	fmt.Fprintf(w, "mix: %d keys (%d hot), %d pre-built requests; %s, %d CPUs, load %s → %s\n\n",
 		r.Setup.Keys, r.Setup.HotKeys, r.Setup.Requests, r.CPU, r.NProc, r.LoadStart, r.LoadEnd)
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
@@ -205,25 +247,74 @@ func (r *Report) WriteText(w io.Writer) {
 	fmt.Fprintf(w, "paired per-round ratios (median): throughput %.3f, p99 %.3f\n", r.PairedThroughput, r.PairedP99)
 	fmt.Fprintf(w, "CPU per check (median): sidecar %s, no-op %s (%+.1f%%); load generator %s\n",
 		fmtCPU(r.Sidecar.TargetCPU), fmtCPU(r.Noop.TargetCPU), 100*(ratio(float64(r.Sidecar.TargetCPU), float64(r.Noop.TargetCPU))-1), fmtCPU(r.Noop.GenCPU))
-	fmt.Fprintf(w, "gRPC errors: %d measured, %d in warm-ups; requests sent incl. warm-ups: sidecar %d, no-op %d\n",
+	fmt.Fprintf(w, "errors: %d measured, %d in warm-ups; requests sent incl. warm-ups: sidecar %d, no-op %d\n",
 		r.Sidecar.Errors+r.Noop.Errors, r.WarmupErrors, r.SentSidecar, r.SentNoop)
 	fmt.Fprintf(w, "denials by the sidecar: %.1f%% of measured requests rate limited (429), %.2f%% rejected credentials; keys denied at least once: %d of %d (%d of %d hot keys, %d normal%s)\n",
 		pct(r.Sidecar.Denied, r.Sidecar.Requests), pct(r.Sidecar.Rejected, r.Sidecar.Requests),
 		r.KeysDenied, r.Setup.Keys, r.HotKeysDenied, r.Setup.HotKeys, r.KeysDenied-r.HotKeysDenied, r.normalDeniedByKind())
 	fmt.Fprintf(w, "result: %s\n", runinfo.Verdict(r.Pass))
+	for _, p := range r.Proxies {
+		if p.Skipped != "" {
+			fmt.Fprintf(w, "\n%s: not measured: %s\n", p.Name, p.Skipped)
+			continue
+		}
+		fmt.Fprintf(w, "\n%s with the check against %s alone (medians over rounds):\n", p.Name, p.Name)
+		for _, s := range []Summary{p.A, p.B} {
+			fmt.Fprintf(w, "  %-14s %8.0f req/s  p50 %s  p99 %s  errors %d  429 %.1f%%  proxy CPU/req %s\n", s.Target, s.RPS,
+				runinfo.Latency(s.P50), runinfo.Latency(s.P99), s.Errors, pct(s.Denied, s.Requests), fmtCPU(s.TargetCPU))
+		}
+		fmt.Fprintf(w, "  throughput ratio %.3f, p99 ratio %.3f (paired per round: %.3f, %.3f)\n", p.ThroughputRatio, p.P99Ratio, p.PairedThroughput, p.PairedP99)
+	}
+}
+
+// writeProxies renders the proxies' section: each with the check against alone.
+func (r *Report) writeProxies(b *strings.Builder) {
+	if len(r.Proxies) == 0 {
+		return
+	}
+	b.WriteString("\n## Through the proxies: with the check against without it\n\n")
+	b.WriteString("Each proxy runs twice, in front of the no-op HTTP server as the upstream: with its shipped configuration (`deploy/caddy/Caddyfile`, `deploy/nginx/converger.conf`: the forward-auth check on every request, answered by the sidecar above), and alone (a plain reverse proxy: for nginx the shipped file without its `auth_request` line). The clients send the mix's requests (method, URI, headers, no body, the client in X-Forwarded-For), in alternating rounds as above. Proxy CPU is the proxy's process only; with the check, the sidecar's CPU comes on top. nginx passes the clients' X-Forwarded-For on (appending its peer), so the sidecar counts the mix's clients; Caddy replaces it with its peer's address, so behind Caddy every IP-counted request counts as one client's (127.0.0.1).\n\n")
+	b.WriteString("| proxy | target | requests | req/s | p50 | p99 | errors | 429 | proxy CPU per request |\n|---|---|--:|--:|--:|--:|--:|--:|--:|\n")
+	for _, p := range r.Proxies {
+		if p.Skipped != "" {
+			fmt.Fprintf(b, "| %s | not measured: %s | | | | | | | |\n", p.Name, p.Skipped)
+			continue
+		}
+		for _, s := range []Summary{p.A, p.B} {
+			fmt.Fprintf(b, "| %s | %s | %d | %.0f | %s | %s | %d | %.1f%% | %s |\n", p.Name, s.Target, s.Requests, s.RPS,
+				runinfo.Latency(s.P50), runinfo.Latency(s.P99), s.Errors, pct(s.Denied, s.Requests), fmtCPU(s.TargetCPU))
+		}
+	}
+	b.WriteString("\n| proxy | throughput with/without the check | p99 with/without | paired per round (throughput, p99) |\n|---|--:|--:|--:|\n")
+	for _, p := range r.Proxies {
+		if p.Skipped == "" {
+			fmt.Fprintf(b, "| %s | %.3f | %.3f | %.3f, %.3f |\n", p.Name, p.ThroughputRatio, p.P99Ratio, p.PairedThroughput, p.PairedP99)
+		}
+	}
+	b.WriteString("\n| proxy | round | target | requests | req/s | p50 | p99 | errors | 429 | proxy CPU/req | other load |\n|---|--:|---|--:|--:|--:|--:|--:|--:|--:|--:|\n")
+	for _, p := range r.Proxies {
+		for _, ph := range p.Phases {
+			fmt.Fprintf(b, "| %s | %d | %s | %d | %.0f | %s | %s | %d | %.1f%% | %s | %s |\n", p.Name, ph.Round, ph.Target, ph.Requests, ph.RPS,
+				runinfo.Latency(ph.P50), runinfo.Latency(ph.P99), ph.Errors, pct(ph.Denied, ph.Requests), fmtCPU(ph.TargetCPU), fmtLoad(ph.OtherLoad))
+		}
+	}
 }
 
 // Markdown renders the report for bench/results.
 func (r *Report) Markdown() string {
 	var b strings.Builder
 	c := r.Config
-	fmt.Fprintf(&b, "# Authorization load test: sidecar against a no-op server\n\n")
-	fmt.Fprintf(&b, "Written by `bench authz` on %s. **Result: %s** (throughput sidecar/no-op %.3f, target ≥ %.2f; p99 sidecar/no-op %.3f, target ≤ %.2f; %d gRPC errors).\n\n",
-		r.Started.UTC().Format("2006-01-02 15:04 UTC"), runinfo.Verdict(r.Pass), r.ThroughputRatio, MinThroughputRatio, r.P99Ratio, MaxP99Ratio,
+	if c.Interface == "http" {
+		fmt.Fprintf(&b, "# Forward-auth load test: the sidecar's HTTP check against a no-op HTTP handler\n\n")
+	} else {
+		fmt.Fprintf(&b, "# Authorization load test: sidecar against a no-op server\n\n")
+	}
+	fmt.Fprintf(&b, "Written by `bench %s` on %s. **Result: %s** (throughput sidecar/no-op %.3f, target ≥ %.2f; p99 sidecar/no-op %.3f, target ≤ %.2f; %d errors).\n\n",
+		r.name(), r.Started.UTC().Format("2006-01-02 15:04 UTC"), runinfo.Verdict(r.Pass), r.ThroughputRatio, MinThroughputRatio, r.P99Ratio, MaxP99Ratio,
 		r.Sidecar.Errors+r.Noop.Errors+r.WarmupErrors)
 
 	b.WriteString("## Result (medians over rounds)\n\n")
-	b.WriteString("| target | requests | req/s | p50 | p99 | gRPC errors | 429 | rejected credentials | CPU per check | generator CPU per check |\n|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|\n")
+	b.WriteString("| target | requests | req/s | p50 | p99 | errors | 429 | rejected credentials | CPU per check | generator CPU per check |\n|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|\n")
 	for _, s := range []Summary{r.Sidecar, r.Noop} {
 		fmt.Fprintf(&b, "| %s | %d | %.0f | %s | %s | %d | %.1f%% | %.2f%% | %s | %s |\n", s.Target, s.Requests, s.RPS, runinfo.Latency(s.P50), runinfo.Latency(s.P99),
 			s.Errors, pct(s.Denied, s.Requests), pct(s.Rejected, s.Requests), fmtCPU(s.TargetCPU), fmtCPU(s.GenCPU))
@@ -249,7 +340,7 @@ func (r *Report) Markdown() string {
 	fmt.Fprintf(&b, "\nRequests sent including warm-ups: sidecar %d, no-op %d.\n", r.SentSidecar, r.SentNoop)
 	for _, p := range r.Phases {
 		if p.FirstErr != "" {
-			fmt.Fprintf(&b, "\nFirst gRPC error of round %d, %s: `%s`\n", p.Round, p.Target, p.FirstErr)
+			fmt.Fprintf(&b, "\nFirst error of round %d, %s: `%s`\n", p.Round, p.Target, p.FirstErr)
 		}
 	}
 
@@ -294,6 +385,31 @@ func (r *Report) Markdown() string {
 	}
 	fmt.Fprintf(&b, "\n## Reproduce\n\n```sh\n%s\n```\n", r.Command())
 
+	r.writeProxies(&b)
+	if c.Interface == "http" {
+		fmt.Fprintf(&b, `
+## Method
+
+- Both targets are separate processes on loopback, started by the load test: `+"`bin/sidecar`"+` with a throwaway
+  PostgreSQL (seeded with COPY), TOKEN_VERIFY_KEYS, TRUSTED_PROXIES=%s,127.0.0.1 (the load generator
+  plays the proxy) and LOG_LEVEL=warn; and `+"`bin/bench noop-forward-auth`"+`, a Go HTTP server with the
+  sidecar's HTTP server timeouts whose handler answers 200 with an empty body.
+- The checks are those of `+"`bench authz`"+`'s mix, as a proxy sends them: GET /check with X-Forwarded-Method,
+  X-Forwarded-Uri, the request's headers without its body, and X-Forwarded-For with the load balancer (the
+  CheckRequest's source) appended, so that the sidecar resolves the same clients. They are built before
+  measuring and sent as they are, so the generator does the same work for both targets.
+- Closed loop: %d workers, each sending its next request when the previous one is answered, over %s.
+  Each target keeps its own position in the request sequence.
+- Rounds alternate the order of the targets (round 1: sidecar first, round 2: no-op first, …). Each
+  phase is a %v unmeasured warm-up (the first one lasts at least until every key has been sent once,
+  so that the sidecar's caches are filled), then %v measured (at most %d requests). Latency is
+  measured per request around the HTTP exchange; p50/p99 are exact (all latencies sorted, nearest rank).
+- Throughput and p99 are the medians over rounds; the verdict compares them with the no-op's.
+- CPU per check is read from /proc for each target process around each measured phase.
+- The sidecar's limits are the built-in defaults; hot keys get one burst per pass over the body.
+`, TrustedProxies, c.Concurrency, r.loops(), c.Warmup, c.Duration, c.MaxRequests)
+		return b.String()
+	}
 	fmt.Fprintf(&b, `
 ## Method
 

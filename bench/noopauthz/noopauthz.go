@@ -1,5 +1,6 @@
-// Package noopauthz is a no-op envoy.service.auth.v3.Authorization server: it allows every
-// Check at once. The authz load test measures the sidecar against it, as the floor of gRPC cost.
+// Package noopauthz is a no-op envoy.service.auth.v3.Authorization server, and a no-op
+// HTTP forward-auth check: both allow everything at once. The authz and forward-auth
+// load tests measure the sidecar against them, as the floor of gRPC and HTTP cost.
 package noopauthz
 
 import (
@@ -7,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"net/http"
 	"time"
 
 	authv3 "github.com/envoyproxy/go-control-plane/envoy/service/auth/v3"
@@ -71,6 +73,41 @@ func Serve(ctx context.Context, addr string, ready func(net.Addr)) error {
 	}
 	if err := <-errc; err != nil && !errors.Is(err, grpc.ErrServerStopped) {
 		return fmt.Errorf("noop-authz: %w", err)
+	}
+	return nil
+}
+
+// ServeHTTP listens on addr (port 0 picks a free one), calls ready with the address
+// actually listened on, and answers every request 200 with an empty body, as the sidecar
+// allows a forward-auth check, until ctx ends. Its server has the timeouts of the
+// sidecar's HTTP server.
+func ServeHTTP(ctx context.Context, addr string, ready func(net.Addr)) error {
+	l, err := net.Listen("tcp", addr)
+	if err != nil {
+		return fmt.Errorf("noop-forward-auth: %w", err)
+	}
+	s := &http.Server{
+		Handler:           http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusOK) }),
+		ReadHeaderTimeout: 5 * time.Second,
+		ReadTimeout:       10 * time.Second,
+		WriteTimeout:      30 * time.Second,
+		IdleTimeout:       2 * time.Minute,
+	}
+	errc := make(chan error, 1)
+	go func() { errc <- s.Serve(l) }()
+	if ready != nil {
+		ready(l.Addr())
+	}
+	select {
+	case err := <-errc:
+		return fmt.Errorf("noop-forward-auth: %w", err)
+	case <-ctx.Done():
+	}
+	shut, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	_ = s.Shutdown(shut)
+	if err := <-errc; err != nil && !errors.Is(err, http.ErrServerClosed) {
+		return fmt.Errorf("noop-forward-auth: %w", err)
 	}
 	return nil
 }

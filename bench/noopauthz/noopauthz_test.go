@@ -2,7 +2,9 @@ package noopauthz
 
 import (
 	"context"
+	"io"
 	"net"
+	"net/http"
 	"testing"
 	"time"
 
@@ -51,5 +53,42 @@ func TestServeAllowsAndStops(t *testing.T) {
 		}
 	case <-time.After(10 * time.Second):
 		t.Fatal("Serve did not return after its context ended")
+	}
+}
+
+func TestServeHTTPAllowsAndStops(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	addrc := make(chan net.Addr, 1)
+	errc := make(chan error, 1)
+	go func() { errc <- ServeHTTP(ctx, "127.0.0.1:0", func(a net.Addr) { addrc <- a }) }()
+	var addr net.Addr
+	select {
+	case addr = <-addrc:
+	case err := <-errc:
+		t.Fatalf("ServeHTTP: %v", err)
+	case <-time.After(5 * time.Second):
+		t.Fatal("ServeHTTP did not report its address")
+	}
+	for _, m := range []string{"GET", "POST", "DELETE"} {
+		req, _ := http.NewRequest(m, "http://"+addr.String()+"/check", nil)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != 200 || len(b) != 0 {
+			t.Errorf("%s /check: %d %q, want 200 and an empty body", m, resp.StatusCode, b)
+		}
+	}
+	cancel()
+	select {
+	case err := <-errc:
+		if err != nil {
+			t.Errorf("ServeHTTP after cancel: %v", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("ServeHTTP did not return after its context ended")
 	}
 }

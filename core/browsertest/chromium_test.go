@@ -2,14 +2,14 @@ package browsertest
 
 import (
 	"context"
-	"fmt"
 	"os"
-	"os/exec"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/chromedp/chromedp"
+
+	"github.com/converger/edge/shared/debpkg"
 )
 
 const (
@@ -27,7 +27,7 @@ const (
 // when it is missing and the test runs as root.
 func chromium(t *testing.T) string {
 	t.Helper()
-	if isExecutable(chromiumPath) {
+	if debpkg.IsExecutable(chromiumPath) {
 		return chromiumPath
 	}
 	if os.Geteuid() != 0 {
@@ -41,52 +41,14 @@ func chromium(t *testing.T) string {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
-	t.Logf("Chromium not found at %s: installing Debian's chromium package", chromiumPath)
-	start := time.Now()
-	install := []string{"install", "-y", "--no-install-recommends", "chromium"}
-	for attempt := 1; ; attempt++ {
-		err := aptGet(ctx, install...)
-		if err == nil {
-			break
-		}
-		if attempt == 3 {
-			t.Fatal(err)
-		}
-		if attempt == 1 {
-			// A new machine may have no package lists yet.
-			if err := aptGet(ctx, "update"); err != nil {
-				t.Fatal(err)
-			}
-			continue
-		}
-		// Another package's install (PostgreSQL, by other tests) may hold apt's locks.
-		t.Logf("%v; trying again", err)
-		select {
-		case <-ctx.Done():
-			t.Fatal(err)
-		case <-time.After(15 * time.Second):
-		}
+	t.Logf("Chromium not found at %s", chromiumPath)
+	if err := debpkg.Install(ctx, t.Logf, "chromium"); err != nil {
+		t.Fatal(err)
 	}
-	if !isExecutable(chromiumPath) {
+	if !debpkg.IsExecutable(chromiumPath) {
 		t.Fatalf("installed the chromium package, but %s is still missing", chromiumPath)
 	}
-	t.Logf("installed Chromium in %v", time.Since(start).Round(time.Millisecond))
 	return chromiumPath
-}
-
-func aptGet(ctx context.Context, args ...string) error {
-	args = append([]string{"-o", "DPkg::Lock::Timeout=300"}, args...)
-	cmd := exec.CommandContext(ctx, "apt-get", args...)
-	cmd.Env = append(os.Environ(), "DEBIAN_FRONTEND=noninteractive")
-	if out, err := cmd.CombinedOutput(); err != nil {
-		return fmt.Errorf("apt-get %v: %w\n%s", args, err, out)
-	}
-	return nil
-}
-
-func isExecutable(path string) bool {
-	fi, err := os.Stat(path)
-	return err == nil && fi.Mode().IsRegular() && fi.Mode().Perm()&0o111 != 0
 }
 
 // startBrowser starts headless Chromium with a new, empty profile directory and returns

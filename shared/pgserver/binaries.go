@@ -11,6 +11,8 @@ import (
 	"slices"
 	"strconv"
 	"sync"
+
+	"github.com/converger/edge/shared/debpkg"
 )
 
 type binaries struct{ initdb, postgres string }
@@ -23,7 +25,7 @@ var installMu sync.Mutex
 func findBinaries(ctx context.Context, binDir string, logf func(string, ...any)) (binaries, error) {
 	if binDir != "" {
 		b := binaries{filepath.Join(binDir, "initdb"), filepath.Join(binDir, "postgres")}
-		if !isExecutable(b.initdb) || !isExecutable(b.postgres) {
+		if !debpkg.IsExecutable(b.initdb) || !debpkg.IsExecutable(b.postgres) {
 			return binaries{}, fmt.Errorf("pgserver: initdb and postgres not found in %s", binDir)
 		}
 		return b, nil
@@ -41,15 +43,10 @@ func findBinaries(ctx context.Context, binDir string, logf func(string, ...any))
 		return b, nil
 	}
 	if logf != nil {
-		logf("pgserver: PostgreSQL not found, installing Debian's postgresql package")
+		logf("pgserver: PostgreSQL not found")
 	}
-	if err := aptGet(ctx, "install", "-y", "postgresql"); err != nil {
-		if err := aptGet(ctx, "update"); err != nil {
-			return binaries{}, err
-		}
-		if err := aptGet(ctx, "install", "-y", "postgresql"); err != nil {
-			return binaries{}, err
-		}
+	if err := debpkg.Install(ctx, logf, "postgresql"); err != nil {
+		return binaries{}, fmt.Errorf("pgserver: %w", err)
 	}
 	if b, ok := searchBinaries(); ok {
 		return b, nil
@@ -71,24 +68,9 @@ func searchBinaries() (binaries, bool) {
 	slices.SortFunc(dirs, func(a, b string) int { return cmp.Compare(version(b), version(a)) }) // newest first
 	for _, dir := range dirs {
 		b := binaries{filepath.Join(dir, "initdb"), filepath.Join(dir, "postgres")}
-		if isExecutable(b.initdb) && isExecutable(b.postgres) {
+		if debpkg.IsExecutable(b.initdb) && debpkg.IsExecutable(b.postgres) {
 			return b, true
 		}
 	}
 	return binaries{}, false
-}
-
-func isExecutable(path string) bool {
-	fi, err := os.Stat(path)
-	return err == nil && fi.Mode().IsRegular() && fi.Mode().Perm()&0o111 != 0
-}
-
-func aptGet(ctx context.Context, args ...string) error {
-	args = append([]string{"-o", "DPkg::Lock::Timeout=300"}, args...)
-	cmd := exec.CommandContext(ctx, "apt-get", args...)
-	cmd.Env = append(os.Environ(), "DEBIAN_FRONTEND=noninteractive")
-	if out, err := cmd.CombinedOutput(); err != nil {
-		return fmt.Errorf("pgserver: apt-get %v: %w\n%s", args, err, out)
-	}
-	return nil
 }

@@ -103,17 +103,49 @@ func (s *Server) Check(_ context.Context, req *authv3.CheckRequest) (*authv3.Che
 	return resp, nil
 }
 
+// Request is what a decision reads of a request, whichever interface it came in on:
+// Envoy's CheckRequest, or the forwarding headers of an HTTP forward-auth check.
+type Request struct {
+	Method string
+	// Path is the request target as the client sent it: path and query.
+	Path string
+	// Source is the last hop before the sidecar's caller: Envoy's source address (its
+	// direct peer), or for a forward-auth check the proxy itself. The client address is
+	// resolved from it and x-forwarded-for under TRUSTED_PROXIES.
+	Source string
+	// Header returns a request header by lower-case name, "" when absent.
+	Header func(name string) string
+}
+
+// Decide makes Check's decision on a request given by its parts, and records its
+// latency as Check does. The HTTP forward-auth check answers with it.
+func (s *Server) Decide(r Request) *authv3.CheckResponse {
+	start := time.Now()
+	resp := s.decide(r)
+	s.metrics.ObserveCheck(time.Since(start))
+	return resp
+}
+
 func (s *Server) check(req *authv3.CheckRequest) *authv3.CheckResponse {
 	attrs := req.GetAttributes()
 	h := attrs.GetRequest().GetHttp()
-	route, channelID, ok := s.table.Match(h.GetMethod(), h.GetPath())
+	return s.decide(Request{
+		Method: h.GetMethod(),
+		Path:   h.GetPath(),
+		Source: attrs.GetSource().GetAddress().GetSocketAddress().GetAddress(),
+		Header: headerFunc(h),
+	})
+}
+
+func (s *Server) decide(req Request) *authv3.CheckResponse {
+	route, channelID, ok := s.table.Match(req.Method, req.Path)
 	if !ok || route.Core {
 		s.none.Inc()
 		return allow()
 	}
 	r := identity.Request{
-		Header:    headerFunc(h),
-		Source:    attrs.GetSource().GetAddress().GetSocketAddress().GetAddress(),
+		Header:    req.Header,
+		Source:    req.Source,
 		ChannelID: channelID,
 	}
 	for i := range s.steps[route.Index] {

@@ -1,6 +1,6 @@
 // Package service assembles the sidecar from its configuration: the limiter, the tenant
-// directory, the gRPC services (ext_authz, Limiter, health, reflection) and the HTTP
-// operator endpoints, and runs them until stopped.
+// directory, the gRPC services (ext_authz, Limiter, health, reflection), the HTTP
+// forward-auth check and operator endpoints, and runs them until stopped.
 package service
 
 import (
@@ -26,6 +26,7 @@ import (
 	"github.com/converger/edge/sidecar/authz"
 	"github.com/converger/edge/sidecar/cluster"
 	"github.com/converger/edge/sidecar/config"
+	"github.com/converger/edge/sidecar/forwardauth"
 	"github.com/converger/edge/sidecar/identity"
 	"github.com/converger/edge/sidecar/limitapi"
 	"github.com/converger/edge/sidecar/limiter"
@@ -166,8 +167,11 @@ func Start(cfg *config.Config, o Options) (*Sidecar, error) {
 		return nil, fmt.Errorf("SIDECAR_HTTP_ADDR: %w", err)
 	}
 	s.GRPCAddr, s.HTTPAddr = gl.Addr(), hl.Addr()
+	mux := http.NewServeMux()
+	mux.Handle("/", ops.Handler(s.Metrics.Registry, s.readiness, s.debugCounter))
+	mux.Handle(forwardauth.Path, forwardauth.New(az.Decide, cfg.TrustedProxies, log, s.Metrics.Registry))
 	s.http = &http.Server{
-		Handler:           ops.Handler(s.Metrics.Registry, s.readiness, s.debugCounter),
+		Handler:           mux,
 		ReadHeaderTimeout: 5 * time.Second,
 		ReadTimeout:       10 * time.Second,
 		WriteTimeout:      30 * time.Second,

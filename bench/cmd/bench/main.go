@@ -30,7 +30,9 @@ var commands = []command{
 	{"authz", "load-test the sidecar's ext_authz Check against a no-op server (throughput, p50, p99, ratios)", runAuthz},
 	{"cluster", "sidecar clusters: allowed per window against the limit, and sync traffic, by cluster size, sync interval and share mode", runCluster},
 	{"core", "activity POSTs through the core against pgx inserting the same rows directly (throughput, p50, p99, ratios)", runCore},
+	{"forward-auth", "load-test the sidecar's HTTP forward-auth check against a no-op HTTP handler, and Caddy and nginx with the check against without it", runForwardAuth},
 	{"noop-authz", "serve an Authorization/Check that allows everything (started by authz)", runNoopAuthz},
+	{"noop-forward-auth", "serve an HTTP check that allows everything (started by forward-auth)", runNoopForwardAuth},
 }
 
 func main() {
@@ -63,7 +65,7 @@ func dispatch(ctx context.Context, args []string) int {
 func usage(w io.Writer) {
 	fmt.Fprintf(w, "Usage: bench <command> [flags]\n\nCommands:\n")
 	for _, c := range commands {
-		fmt.Fprintf(w, "  %-12s %s\n", c.name, c.summary)
+		fmt.Fprintf(w, "  %-18s %s\n", c.name, c.summary)
 	}
 	fmt.Fprintf(w, "\nRun `bench <command> -h` for a command's flags.\n")
 }
@@ -115,7 +117,14 @@ func runLoad(ctx context.Context, name string, args []string, t loadTest) int {
 }
 
 func runAuthz(ctx context.Context, name string, args []string) int {
-	cfg := authzload.DefaultConfig()
+	return runAuthzLoad(ctx, name, args, authzload.DefaultConfig())
+}
+
+func runForwardAuth(ctx context.Context, name string, args []string) int {
+	return runAuthzLoad(ctx, name, args, authzload.DefaultForwardAuthConfig())
+}
+
+func runAuthzLoad(ctx context.Context, name string, args []string, cfg authzload.Config) int {
 	return runLoad(ctx, name, args, loadTest{
 		flags: cfg.RegisterFlags,
 		validate: func(_ *flag.FlagSet, args []string) error {
@@ -163,12 +172,20 @@ func runCore(ctx context.Context, name string, args []string) int {
 }
 
 func runNoopAuthz(ctx context.Context, name string, args []string) int {
+	return runNoop(ctx, name, args, noopauthz.Serve)
+}
+
+func runNoopForwardAuth(ctx context.Context, name string, args []string) int {
+	return runNoop(ctx, name, args, noopauthz.ServeHTTP)
+}
+
+func runNoop(ctx context.Context, name string, args []string, serve func(context.Context, string, func(net.Addr)) error) int {
 	fs := flag.NewFlagSet("bench "+name, flag.ContinueOnError)
 	addr := fs.String("addr", "127.0.0.1:0", "listen address; port 0 picks a free one, printed on stdout")
 	if code, done := parse(fs, args); done {
 		return code
 	}
-	err := noopauthz.Serve(ctx, *addr, func(a net.Addr) { fmt.Println(a.String()) })
+	err := serve(ctx, *addr, func(a net.Addr) { fmt.Println(a.String()) })
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "bench %s: %v\n", name, err)
 		return 1
