@@ -30,6 +30,7 @@ import (
 	"github.com/converger/edge/core/activity"
 	"github.com/converger/edge/core/credentials"
 	"github.com/converger/edge/core/store"
+	"github.com/converger/edge/shared/cmdline"
 )
 
 // Env is what the commands take from their process.
@@ -73,6 +74,7 @@ admin users:
                                           changed at the first login
 
   help                                    this text; core <group> <command> -h for one command
+  version                                 the version and VCS revision of this binary (also --version)
 
 Every command reads DATABASE_URL. Commands that change something take --actor NAME for
 the audit log (default cli:$USER). Exit status: 0 done, 1 failed, 2 invalid command line.
@@ -176,6 +178,9 @@ func Run(ctx context.Context, args []string, env Env, stdout, stderr io.Writer) 
 		return 2
 	}
 	switch args[0] {
+	case "version", "-version", "--version":
+		fmt.Fprintln(stdout, cmdline.Version("core"))
+		return 0
 	case "help", "-h", "-help", "--help":
 		if len(args) > 1 && groupExists(args[1]) {
 			fmt.Fprint(stdout, groupUsage(args[1]))

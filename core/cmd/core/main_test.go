@@ -20,6 +20,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/converger/edge/core/credentials"
+	"github.com/converger/edge/shared/cmdline/cmdlinetest"
 	"github.com/converger/edge/shared/pgserver"
 	"github.com/converger/edge/shared/token"
 )
@@ -34,7 +35,7 @@ func TestMain(m *testing.M) {
 	}
 	binary = filepath.Join(dir, "core")
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
-	build := exec.CommandContext(ctx, "go", "build", "-o", binary, ".")
+	build := exec.CommandContext(ctx, "go", append(append([]string{"build"}, cmdlinetest.BuildFlags...), "-o", binary, ".")...)
 	build.Stdout, build.Stderr = os.Stderr, os.Stderr
 	err = build.Run()
 	cancel()
@@ -308,4 +309,25 @@ func (l *lockedBuffer) String() string {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return l.b.String()
+}
+
+// TestCommandLine: help and --version of the binary and of serve and migrate start
+// nothing (serve would listen, migrate would need a database); unknown flags are exit 2.
+func TestCommandLine(t *testing.T) {
+	t.Parallel()
+	env := []string{"CORE_ADDR=127.0.0.1:0", "DATABASE_URL=postgres://nobody@127.0.0.1:1/none"}
+	cmdlinetest.Check(t, binary, env, "usage: core <command>")
+	cmdlinetest.Check(t, binary, env, "usage: core serve", "serve")
+	cmdlinetest.Check(t, binary, env, "usage: core migrate", "migrate")
+	if r := cmdlinetest.Run(t, t.TempDir(), env, binary, "serve", "now"); r.Code != 2 || !strings.Contains(r.Stderr, `unexpected argument "now"`) {
+		t.Errorf("serve now: exit %d, stderr %q", r.Code, r.Stderr)
+	}
+	// An unreadable NAME_FILE stops the binary with a message naming it, but not its help.
+	env = append(env, "TOKEN_SIGNING_KEY_FILE=/nonexistent/key")
+	if r := cmdlinetest.Run(t, t.TempDir(), env, binary, "serve"); r.Code != 2 || !strings.Contains(r.Stderr, "TOKEN_SIGNING_KEY_FILE: open /nonexistent/key") {
+		t.Errorf("serve with a missing key file: exit %d, stderr %q", r.Code, r.Stderr)
+	}
+	if r := cmdlinetest.Run(t, t.TempDir(), env, binary, "--help"); r.Code != 0 {
+		t.Errorf("--help with a missing key file: exit %d, stderr %q", r.Code, r.Stderr)
+	}
 }

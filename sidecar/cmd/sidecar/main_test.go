@@ -24,6 +24,7 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
 	"github.com/converger/edge/core/migrations"
+	"github.com/converger/edge/shared/cmdline/cmdlinetest"
 	"github.com/converger/edge/shared/pgserver"
 )
 
@@ -39,7 +40,7 @@ func TestMain(m *testing.M) {
 	binary = filepath.Join(dir, "sidecar")
 	// Built with the test binary's -race setting, so that it reuses the packages the
 	// test build compiled and runs under the race detector too.
-	args := []string{"build", "-o", binary}
+	args := append(append([]string{"build"}, cmdlinetest.BuildFlags...), "-o", binary)
 	if raceEnabled() {
 		args = append(args, "-race")
 	}
@@ -371,5 +372,14 @@ func TestPortInUse(t *testing.T) {
 				t.Errorf("stderr does not name %s and the cause:\n%s", v, out)
 			}
 		})
+	}
+}
+
+// TestCommandLine: help and --version start nothing, an unknown flag is exit 2.
+func TestCommandLine(t *testing.T) {
+	t.Parallel()
+	cmdlinetest.Check(t, binary, []string{"SIDECAR_GRPC_ADDR=127.0.0.1:0", "SIDECAR_HTTP_ADDR=127.0.0.1:0"}, "usage: sidecar")
+	if r := cmdlinetest.Run(t, t.TempDir(), nil, binary, "serve"); r.Code != 2 || !strings.Contains(r.Stderr, `unexpected argument "serve"`) {
+		t.Errorf("an argument: exit %d, stderr %q", r.Code, r.Stderr)
 	}
 }
