@@ -73,11 +73,18 @@ admin users:
                                           random password is printed once and must be
                                           changed at the first login
 
+keys (no database):
+  keys generate [--dir DIR]               new TOKEN_SIGNING_KEY, ENCRYPTION_KEY, TOKEN_VERIFY_KEYS
+                                          and CLUSTER_SECRET_KEY, as NAME=value lines or files
+  keys public [--stdin]                   the sidecars' TOKEN_VERIFY_KEYS for TOKEN_SIGNING_KEY (and
+                                          the keys still accepted), with each key's kid
+
   help                                    this text; core <group> <command> -h for one command
   version                                 the version and VCS revision of this binary (also --version)
 
-Every command reads DATABASE_URL. Commands that change something take --actor NAME for
-the audit log (default cli:$USER). Exit status: 0 done, 1 failed, 2 invalid command line.
+Every command but keys reads DATABASE_URL. Commands that change something take --actor NAME
+for the audit log (default cli:$USER). Any variable may be given as a file instead,
+NAME_FILE=/path. Exit status: 0 done, 1 failed, 2 invalid command line.
 `
 
 // usageError is an invalid command line: exit status 2.
@@ -165,6 +172,8 @@ type options struct {
 	name, tenant, typ, mode, email string
 	grace                          time.Duration
 	passwordStdin                  bool
+	dir                            string // keys generate --dir
+	keysStdin                      bool   // keys public --stdin
 }
 
 // Run runs the command in args (the arguments after the program name) and returns the
