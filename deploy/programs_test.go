@@ -24,6 +24,8 @@ type container struct {
 	args    []string
 	env     map[string]string
 	mounts  map[string]string // container path -> directory or file here
+	// indirect are variables only other values refer to ($(POD_IP) in Kubernetes).
+	indirect map[string]bool
 }
 
 // hostPath maps a path in the container to this machine through the mounts; other
@@ -114,7 +116,7 @@ func checkConfig(c *container) []error {
 	}
 	var unread []string
 	for k := range c.env {
-		if !read[k] && !(strings.HasSuffix(k, envfile.Suffix) && read[strings.TrimSuffix(k, envfile.Suffix)]) {
+		if !read[k] && !c.indirect[k] && !(strings.HasSuffix(k, envfile.Suffix) && read[strings.TrimSuffix(k, envfile.Suffix)]) {
 			unread = append(unread, k)
 		}
 	}
