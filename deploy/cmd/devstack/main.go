@@ -201,7 +201,8 @@ func run() error {
 	}
 
 	printHowTo(os.Stdout, howTo{DatabaseURL: redact(dbURL), Base: publicURL, GRPCAddr: grpcAddr,
-		HTTPAddr: httpAddr, Demo: demo, Note: note, CredentialsFile: filepath.Join(dataDir, credentialsFile)})
+		HTTPAddr: httpAddr, Demo: demo, Note: note, CredentialsFile: filepath.Join(dataDir, credentialsFile),
+		EnvFile: filepath.Join(dataDir, envFile)})
 
 	select {
 	case <-ctx.Done():
@@ -586,7 +587,7 @@ type howTo struct {
 	DatabaseURL, Base, GRPCAddr, HTTPAddr string
 	Demo                                  *Demo
 	Note                                  string
-	CredentialsFile                       string
+	CredentialsFile, EnvFile              string
 }
 
 func printHowTo(w io.Writer, h howTo) {
@@ -624,13 +625,17 @@ Try it from another terminal, in this directory (README.md, "Core", walks throug
     -H 'content-type: application/json' -d '{"type":"message","from":{"id":"alice"},"text":"hello"}'; echo
   # 4. the conversation: your message and the echo channel's reply
   curl -s $B/api/v1/converger/conversations/$CONV/activities -H "Authorization: Bearer $TOKEN"; echo
-  # 5. a 429 from the sidecar: the legacy token endpoint takes 10 per minute per client IP
-  for i in $(seq 11); do curl -s -o /dev/null -w '%%{http_code} ' -X POST $B/api/v1/tokens -H "x-api-key: $DEMO_API_KEY" \
-    -H 'content-type: application/json' -d "{\"conversation_id\":\"$CONV\",\"user_id\":\"alice\"}"; done; echo
-  curl -si -X POST $B/api/v1/tokens -H "x-api-key: $DEMO_API_KEY" -H 'content-type: application/json' \
-    -d "{\"conversation_id\":\"$CONV\",\"user_id\":\"alice\"}"; echo
+  # 5. a 429 from the sidecar: publishable tokens take 10 per minute per client IP (no other step uses them)
+  for i in $(seq 10); do curl -s -o /dev/null -w '%%{http_code} ' -X POST $B/api/v1/converger/tokens/publishable \
+    -H "Authorization: Bearer $DEMO_PUBLISHABLE_KEY"; done; echo
+  curl -si -X POST $B/api/v1/converger/tokens/publishable -H "Authorization: Bearer $DEMO_PUBLISHABLE_KEY"; echo
+
+Management commands against this stack (DATABASE_URL, ENCRYPTION_KEY and the keys are in %s):
+
+  . ./%s && bin/core limits show --tenant demo
 
 Ctrl-C stops everything.
 
-`, demoTenant, d.TenantID, demoChannel, d.ChannelID, h.CredentialsFile, d.APIKey, d.ChannelSecret, d.PublishableKey, h.CredentialsFile, h.Base)
+`, demoTenant, d.TenantID, demoChannel, d.ChannelID, h.CredentialsFile, d.APIKey, d.ChannelSecret, d.PublishableKey, h.CredentialsFile, h.Base,
+		h.EnvFile, h.EnvFile)
 }
