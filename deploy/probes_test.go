@@ -23,10 +23,15 @@ import (
 	"github.com/converger/edge/shared/pgserver"
 )
 
-func TestMain(m *testing.M) { os.Exit(pgserver.RunTests(m)) }
+func TestMain(m *testing.M) {
+	code := pgserver.RunTests(m)
+	if binDir != "" {
+		os.RemoveAll(binDir)
+	}
+	os.Exit(code)
+}
 
-// buildBinaries builds the core and the sidecar once, into a directory removed after the
-// tests.
+// buildBinaries builds the core and the sidecar once, into a directory TestMain removes.
 func buildBinaries(t *testing.T) map[string]string {
 	t.Helper()
 	binOnce.Do(func() {
@@ -47,7 +52,6 @@ func buildBinaries(t *testing.T) map[string]string {
 	if binErr != nil {
 		t.Fatal(binErr)
 	}
-	t.Cleanup(func() {}) // the directory goes with the process's temp files
 	return map[string]string{"core": filepath.Join(binDir, "core"), "sidecar": filepath.Join(binDir, "sidecar")}
 }
 
