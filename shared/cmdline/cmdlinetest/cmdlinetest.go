@@ -10,6 +10,7 @@ import (
 	"errors"
 	"os"
 	"os/exec"
+	"runtime/debug"
 	"strings"
 	"testing"
 	"time"
@@ -95,8 +96,22 @@ func Revision(t *testing.T, binary string) string {
 }
 
 // BuildFlags are the flags tests build binaries with: VCS stamping on where the checkout
-// allows it (an environment may turn it off with GOFLAGS=-buildvcs=false).
-var BuildFlags = []string{"-buildvcs=auto"}
+// allows it (an environment may turn it off with GOFLAGS=-buildvcs=false), and -race when
+// the test itself runs with it, so that the build reuses the packages the test's build
+// compiled.
+var BuildFlags = buildFlags()
+
+func buildFlags() []string {
+	flags := []string{"-buildvcs=auto"}
+	if bi, ok := debug.ReadBuildInfo(); ok {
+		for _, s := range bi.Settings {
+			if s.Key == "-race" && s.Value == "true" {
+				flags = append(flags, "-race")
+			}
+		}
+	}
+	return flags
+}
 
 func baseName(path string) string {
 	if i := strings.LastIndexByte(path, '/'); i >= 0 {

@@ -12,7 +12,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime/debug"
 	"strings"
 	"sync"
 	"syscall"
@@ -38,12 +37,9 @@ func TestMain(m *testing.M) {
 		os.Exit(1)
 	}
 	binary = filepath.Join(dir, "sidecar")
-	// Built with the test binary's -race setting, so that it reuses the packages the
-	// test build compiled and runs under the race detector too.
+	// Built with the test binary's -race setting (cmdlinetest.BuildFlags), so that it
+	// reuses the packages the test build compiled and runs under the race detector too.
 	args := append(append([]string{"build"}, cmdlinetest.BuildFlags...), "-o", binary)
-	if raceEnabled() {
-		args = append(args, "-race")
-	}
 	build := exec.Command("go", append(args, ".")...)
 	build.Stdout, build.Stderr = os.Stderr, os.Stderr
 	if err := build.Run(); err != nil {
@@ -54,19 +50,6 @@ func TestMain(m *testing.M) {
 	code := pgserver.RunTests(m)
 	os.RemoveAll(dir)
 	os.Exit(code)
-}
-
-func raceEnabled() bool {
-	bi, ok := debug.ReadBuildInfo()
-	if !ok {
-		return false
-	}
-	for _, s := range bi.Settings {
-		if s.Key == "-race" {
-			return s.Value == "true"
-		}
-	}
-	return false
 }
 
 // configVars are the variables the sidecar reads; the test's own environment must not
