@@ -4,16 +4,22 @@ GO ?= go
 GOBIN := $(shell $(GO) env GOPATH)/bin
 STATICCHECK_VERSION := v0.8.2
 BENCHSTAT_VERSION := v0.0.0-20260908200009-22c9c6c9d4da
+# --version prints the VCS revision that go build records (an environment may turn that
+# off with GOFLAGS=-buildvcs=false; auto records it wherever the checkout allows).
+BUILDFLAGS ?= -buildvcs=auto
+# Benchmarks write into a new folder per run; BENCH_OUT=bench/results updates the
+# committed figures (and pass -update-results to bin/bench for the load tests).
+BENCH_OUT ?= bench/out/$(shell date -u +%Y%m%dT%H%M%SZ)-go
 
 .PHONY: all build run test lint vet fmt-check unit bench bench-go bench-authz bench-forward-auth bench-core bench-cluster proto clean
 
 all: build
 
 build:
-	$(GO) build -o bin/sidecar ./sidecar/cmd/sidecar
-	$(GO) build -o bin/core ./core/cmd/core
-	$(GO) build -o bin/bench ./bench/cmd/bench
-	$(GO) build -o bin/devstack ./deploy/cmd/devstack
+	$(GO) build $(BUILDFLAGS) -o bin/sidecar ./sidecar/cmd/sidecar
+	$(GO) build $(BUILDFLAGS) -o bin/core ./core/cmd/core
+	$(GO) build $(BUILDFLAGS) -o bin/bench ./bench/cmd/bench
+	$(GO) build $(BUILDFLAGS) -o bin/devstack ./deploy/cmd/devstack
 
 # A throwaway PostgreSQL under ./.data (unless DATABASE_URL is set), migrations, dev keys,
 # a demo tenant and echo channel, the sidecar (:8081/:8082) and the core (:8080, with
@@ -39,17 +45,19 @@ vet:
 unit:
 	$(GO) test -race -count=1 -timeout 10m ./...
 
-# Benchmarks: the limiter hot path (Go benchmarks, compare runs with benchstat), the
-# authorization load test against a no-op server in the same run, the same for the HTTP
-# forward-auth check (and Caddy and nginx with the check against without it), the core's
-# activity POSTs against pgx inserting the same rows directly, and the cluster's
-# overshoot and traffic against the sync interval (about 15 minutes).
+# Benchmarks (each run writes into a new folder under bench/out/): the limiter hot path (Go
+# benchmarks, compare runs with benchstat), the authorization load test against a no-op
+# server in the same run, the same for the HTTP forward-auth check (and Caddy and nginx with
+# the check against without it), the core's activity POSTs against pgx inserting the same
+# rows directly, and the cluster's overshoot and traffic against the sync interval (about
+# 15 minutes).
 bench: bench-go bench-authz bench-forward-auth bench-core bench-cluster
 
 bench-go:
-	$(GO) test -run '^$$' -bench . -benchmem -count 6 ./sidecar/limiter/ | tee bench/results/limiter.txt
+	@mkdir -p $(BENCH_OUT)
+	$(GO) test -run '^$$' -bench . -benchmem -count 6 ./sidecar/limiter/ | tee $(BENCH_OUT)/limiter.txt
 	@test -x $(GOBIN)/benchstat || $(GO) install golang.org/x/perf/cmd/benchstat@$(BENCHSTAT_VERSION)
-	$(GOBIN)/benchstat bench/results/limiter.txt
+	$(GOBIN)/benchstat $(BENCH_OUT)/limiter.txt
 
 bench-authz: build
 	./bin/bench authz

@@ -1,11 +1,8 @@
 package envoy
 
 import (
-	"bytes"
-	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"io/fs"
 	"os"
 	"path/filepath"
@@ -13,8 +10,6 @@ import (
 	"strings"
 	"testing"
 
-	"go.yaml.in/yaml/v3"
-	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/reflect/protoreflect"
 	"google.golang.org/protobuf/types/known/anypb"
@@ -50,6 +45,10 @@ var sidecarHeaders = []string{"x-api-key", "authorization", "x-request-id", "x-f
 
 // Route prefixes that must reach the core.
 var coreRoutePrefixes = []string{"/api/", "/admin/", "/portal/", "/socket/"}
+
+// Paths that must reach the core exactly as written (core_links_test.go checks every link
+// and redirect the core emits).
+var corePaths = []string{"/admin", "/portal", "/admin/login", "/api/v1/conversations", "/socket/websocket"}
 
 // TestBootstrapFiles validates every *.yaml under envoy/ (recursively), so that new bootstrap
 // variants are covered as soon as they are added.
@@ -102,13 +101,9 @@ func validateBootstrap(yamlBytes []byte) error {
 //  3. every cluster a route or an Envoy gRPC service names exists in static_resources.clusters,
 //     and cluster and listener names are unique.
 func loadBootstrap(yamlBytes []byte) (*bootstrapv3.Bootstrap, error) {
-	jsonBytes, err := yamlToJSON(yamlBytes)
+	bs, err := ParseBootstrap(yamlBytes)
 	if err != nil {
 		return nil, err
-	}
-	bs := &bootstrapv3.Bootstrap{}
-	if err := (protojson.UnmarshalOptions{DiscardUnknown: false}).Unmarshal(jsonBytes, bs); err != nil {
-		return nil, fmt.Errorf("decode bootstrap: %w", err)
 	}
 
 	var errs []error
@@ -158,68 +153,6 @@ func loadBootstrap(yamlBytes []byte) (*bootstrapv3.Bootstrap, error) {
 		return nil, err
 	}
 	return bs, nil
-}
-
-// yamlToJSON converts one YAML document to JSON, turning every mapping key into a string.
-func yamlToJSON(yamlBytes []byte) ([]byte, error) {
-	dec := yaml.NewDecoder(bytes.NewReader(yamlBytes))
-	var doc any
-	if err := dec.Decode(&doc); err != nil {
-		if errors.Is(err, io.EOF) {
-			return nil, errors.New("yaml: empty document")
-		}
-		return nil, fmt.Errorf("yaml: %w", err)
-	}
-	var extra any
-	if err := dec.Decode(&extra); !errors.Is(err, io.EOF) {
-		return nil, errors.New("yaml: a bootstrap file must hold exactly one document")
-	}
-	out, err := jsonable(doc)
-	if err != nil {
-		return nil, err
-	}
-	return json.Marshal(out)
-}
-
-func jsonable(v any) (any, error) {
-	switch v := v.(type) {
-	case map[string]any:
-		out := make(map[string]any, len(v))
-		for k, e := range v {
-			c, err := jsonable(e)
-			if err != nil {
-				return nil, err
-			}
-			out[k] = c
-		}
-		return out, nil
-	case map[any]any:
-		out := make(map[string]any, len(v))
-		for k, e := range v {
-			c, err := jsonable(e)
-			if err != nil {
-				return nil, err
-			}
-			ks := fmt.Sprint(k)
-			if _, dup := out[ks]; dup {
-				return nil, fmt.Errorf("yaml: mapping key %q appears twice once turned into a string", ks)
-			}
-			out[ks] = c
-		}
-		return out, nil
-	case []any:
-		out := make([]any, len(v))
-		for i, e := range v {
-			c, err := jsonable(e)
-			if err != nil {
-				return nil, err
-			}
-			out[i] = c
-		}
-		return out, nil
-	default:
-		return v, nil
-	}
 }
 
 // walkMessages calls visit for m and for every message below it, in fields, lists and map
@@ -311,8 +244,14 @@ func checkSidecarContract(bs *bootstrapv3.Bootstrap) error {
 	if err != nil {
 		return err
 	}
+	// Listeners that never reach the core (the probe listener) need no Check.
+	for where, hcm := range hcms {
+		if !routesTo(hcm.GetRouteConfig(), coreCluster) {
+			delete(hcms, where)
+		}
+	}
 	if len(hcms) == 0 {
-		return errors.New("no listener has an http_connection_manager")
+		return errors.New("no listener has an http_connection_manager that routes to the core")
 	}
 	for where, hcm := range hcms {
 		filters := hcm.GetHttpFilters()
@@ -360,6 +299,11 @@ func checkSidecarContract(bs *bootstrapv3.Bootstrap) error {
 		for _, prefix := range coreRoutePrefixes {
 			if !routesPrefixTo(hcm.GetRouteConfig(), prefix, coreCluster) {
 				fail("%s: no route sends prefix %q to cluster %q", where, prefix, coreCluster)
+			}
+		}
+		for _, path := range corePaths {
+			if m, ok, err := routeOf(hcm, "GET", path); err != nil || !ok || m.Cluster != coreCluster {
+				fail("%s: GET %s goes to %+v (matched %v, %v), not to cluster %q", where, path, m, ok, err, coreCluster)
 			}
 		}
 	}
@@ -462,6 +406,30 @@ func stringMatches(m *matcherv3.StringMatcher, s string) bool {
 	return false
 }
 
+// routeOf matches a request against one connection manager's routes.
+func routeOf(hcm *hcmv3.HttpConnectionManager, method, path string) (Match, bool, error) {
+	a, err := anypb.New(hcm)
+	if err != nil {
+		return Match{}, false, err
+	}
+	bs := &bootstrapv3.Bootstrap{StaticResources: &bootstrapv3.Bootstrap_StaticResources{Listeners: []*listenerv3.Listener{{
+		Address:      &corev3.Address{Address: &corev3.Address_SocketAddress{SocketAddress: &corev3.SocketAddress{PortSpecifier: &corev3.SocketAddress_PortValue{PortValue: 1}}}},
+		FilterChains: []*listenerv3.FilterChain{{Filters: []*listenerv3.Filter{{ConfigType: &listenerv3.Filter_TypedConfig{TypedConfig: a}}}}},
+	}}}}
+	return RouteRequest(bs, 1, method, "edge.test", path)
+}
+
+func routesTo(rc *routev3.RouteConfiguration, cluster string) bool {
+	for _, vh := range rc.GetVirtualHosts() {
+		for _, r := range vh.GetRoutes() {
+			if r.GetRoute().GetCluster() == cluster {
+				return true
+			}
+		}
+	}
+	return false
+}
+
 func routesPrefixTo(rc *routev3.RouteConfiguration, prefix, cluster string) bool {
 	for _, vh := range rc.GetVirtualHosts() {
 		for _, r := range vh.GetRoutes() {
@@ -495,7 +463,9 @@ static_resources:
                       domains: ["*"]
                       routes:
                         - { match: { prefix: /api/ }, route: { cluster: core } }
+                        - { match: { path: /admin }, route: { cluster: core } }
                         - { match: { prefix: /admin/ }, route: { cluster: core } }
+                        - { match: { path: /portal }, route: { cluster: core } }
                         - { match: { prefix: /portal/ }, route: { cluster: core } }
                         - { match: { prefix: /socket/ }, route: { cluster: core } }
                 http_filters:
@@ -608,6 +578,7 @@ func TestSidecarContractRejects(t *testing.T) {
 			`"authorization"`},
 		{"/socket/ not routed to core", "{ prefix: /socket/ }, route: { cluster: core }",
 			"{ prefix: /socket/ }, route: { cluster: sidecar_authz }", `"/socket/"`},
+		{"/admin only with a trailing slash", "                        - { match: { path: /admin }, route: { cluster: core } }\n", "", "GET /admin goes to"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

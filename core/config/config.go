@@ -243,9 +243,9 @@ func (c *Config) RequireServe() error {
 	case c.DatabaseURL == "":
 		return errors.New("DATABASE_URL is required")
 	case c.Signer == nil:
-		return errors.New("TOKEN_SIGNING_KEY is required (the base64 of a 32-byte Ed25519 seed)")
+		return errors.New("TOKEN_SIGNING_KEY is required (the base64 of a 32-byte Ed25519 seed): `core keys generate` makes one")
 	case c.Sealer == nil:
-		return errors.New("ENCRYPTION_KEY is required (the base64 of 32 random bytes)")
+		return errors.New("ENCRYPTION_KEY is required (the base64 of 32 random bytes): `core keys generate` makes one")
 	}
 	return nil
 }

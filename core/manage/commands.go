@@ -55,6 +55,7 @@ func init() {
 	})
 	registerLimits()
 	registerUsers()
+	registerKeys()
 	register(&command{
 		group: "admins", name: "create", args: "--email E [--password-stdin]",
 		summary: "Creates an admin user. Without --password-stdin a random password is printed once and must\n" +
@@ -149,7 +150,7 @@ func channelsCreate(r *runner, _ []string) error {
 	}
 	keyText := strings.TrimSpace(r.env.Getenv("ENCRYPTION_KEY"))
 	if keyText == "" {
-		return failf("ENCRYPTION_KEY is required to create channels: the base64 of 32 random bytes, the same key the core serves with")
+		return failf("ENCRYPTION_KEY is required to create channels: the same key the core serves with (the base64 of 32 random bytes; `core keys generate` makes one)")
 	}
 	sealer, err := credentials.ParseEncryptionKey(keyText)
 	if err != nil {

@@ -33,6 +33,7 @@ import (
 	"github.com/converger/edge/core/credentials"
 	"github.com/converger/edge/core/mail"
 	"github.com/converger/edge/core/store"
+	"github.com/converger/edge/shared/cmdline"
 )
 
 // Env is what the commands take from their process.
@@ -97,10 +98,18 @@ admin users:
                                           random password is printed once and must be
                                           changed at the first login
 
-  help                                    this text; core <group> <command> -h for one command
+keys (no database):
+  keys generate [--dir DIR]               new TOKEN_SIGNING_KEY, ENCRYPTION_KEY, TOKEN_VERIFY_KEYS
+                                          and CLUSTER_SECRET_KEY, as NAME=value lines or files
+  keys public [--stdin]                   the sidecars' TOKEN_VERIFY_KEYS for TOKEN_SIGNING_KEY (and
+                                          the keys still accepted), with each key's kid
 
-Every command reads DATABASE_URL. Commands that change something take --actor NAME for
-the audit log (default cli:$USER). Exit status: 0 done, 1 failed, 2 invalid command line.
+  help                                    this text; core <group> <command> -h for one command
+  version                                 the version and VCS revision of this binary (also --version)
+
+Every command but keys reads DATABASE_URL. Commands that change something take --actor NAME
+for the audit log (default cli:$USER). Any variable may be given as a file instead,
+NAME_FILE=/path. Exit status: 0 done, 1 failed, 2 invalid command line.
 `
 
 // usageError is an invalid command line: exit status 2.
@@ -212,6 +221,8 @@ type options struct {
 	grace                          time.Duration
 	passwordStdin, sendReset, none bool
 	requireSignature               optionalBool
+	dir                            string // keys generate --dir
+	keysStdin                      bool   // keys public --stdin
 }
 
 // optionalBool is a boolean flag that must be given explicitly (--flag=true|false).
@@ -246,6 +257,9 @@ func Run(ctx context.Context, args []string, env Env, stdout, stderr io.Writer) 
 		return 2
 	}
 	switch args[0] {
+	case "version", "-version", "--version":
+		fmt.Fprintln(stdout, cmdline.Version("core"))
+		return 0
 	case "help", "-h", "-help", "--help":
 		if len(args) > 1 && groupExists(args[1]) {
 			fmt.Fprint(stdout, groupUsage(args[1]))

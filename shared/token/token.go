@@ -78,6 +78,18 @@ func (s *Signer) PublicKey() string {
 	return base64.StdEncoding.EncodeToString(s.key.Public().(ed25519.PublicKey))
 }
 
+// KeyID is the key id (kid) of the signer's public key.
+func (s *Signer) KeyID() string { return s.kid }
+
+// PublicKeyID returns the key id of a public key as TOKEN_VERIFY_KEYS takes it.
+func PublicKeyID(s string) (string, error) {
+	b, err := decodeBase64(s)
+	if err != nil || len(b) != ed25519.PublicKeySize {
+		return "", fmt.Errorf("a verify key is the base64 of a %d-byte Ed25519 public key", ed25519.PublicKeySize)
+	}
+	return KeyID(ed25519.PublicKey(b)), nil
+}
+
 // KeyID returns the key id of a public key: the first 8 bytes of its SHA-256, in hex.
 // Both sides derive it, so rotating keys needs no separate kid setting.
 func KeyID(pub ed25519.PublicKey) string {

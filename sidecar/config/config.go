@@ -192,7 +192,7 @@ func (c *Config) loadCluster(getenv func(string) string) error {
 	if v := strings.TrimSpace(getenv("CLUSTER_SECRET_KEY")); v != "" {
 		key, err := base64.StdEncoding.DecodeString(v)
 		if err != nil || (len(key) != 16 && len(key) != 24 && len(key) != 32) {
-			return errors.New("CLUSTER_SECRET_KEY: must be the base64 of a 16, 24 or 32-byte key (e.g. head -c 32 /dev/urandom | base64)")
+			return errors.New("CLUSTER_SECRET_KEY: must be the base64 of a 16, 24 or 32-byte key (`core keys generate` prints one, as does head -c 32 /dev/urandom | base64)")
 		}
 		cl.SecretKey = key
 	}
@@ -212,7 +212,7 @@ func (c *Config) loadCluster(getenv func(string) string) error {
 			return errors.New("RATE_LIMIT_BACKEND=cluster needs CLUSTER_STRATEGY=static or dns")
 		}
 		if cl.SecretKey == nil && !cl.Insecure {
-			return errors.New("CLUSTER_SECRET_KEY is required to run a cluster (or set CLUSTER_INSECURE=true to send cluster traffic in clear)")
+			return errors.New("CLUSTER_SECRET_KEY is required to run a cluster: `core keys generate` prints one (or set CLUSTER_INSECURE=true to send cluster traffic in clear)")
 		}
 	default:
 		return fmt.Errorf("RATE_LIMIT_BACKEND=%q: must be local or cluster", c.Backend)

@@ -119,7 +119,7 @@ func Start(cfg *config.Config, o Options) (*Sidecar, error) {
 		cfg.Verifier.Now = o.Now
 	}
 	if cfg.Verifier == nil {
-		log.Warn("TOKEN_VERIFY_KEYS is not set: every Converger token is refused on token-counted routes")
+		log.Warn("TOKEN_VERIFY_KEYS is not set: every Converger token is refused on token-counted routes; `core keys public` prints it for the core's TOKEN_SIGNING_KEY")
 	}
 
 	if cfg.Backend == "cluster" {

@@ -4,19 +4,21 @@ package main
 
 import (
 	"context"
-	"errors"
 	"flag"
 	"fmt"
 	"io"
 	"net"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
+	"time"
 
 	"github.com/converger/edge/bench/authzload"
 	"github.com/converger/edge/bench/clusterload"
 	"github.com/converger/edge/bench/coreload"
 	"github.com/converger/edge/bench/noopauthz"
+	"github.com/converger/edge/shared/cmdline"
 )
 
 // command is a subcommand: run parses its arguments and returns the exit status.
@@ -51,6 +53,9 @@ func dispatch(ctx context.Context, args []string) int {
 	case "-h", "-help", "--help", "help":
 		usage(os.Stdout)
 		return 0
+	case "-version", "--version", "version":
+		fmt.Println(cmdline.Version("bench"))
+		return 0
 	}
 	for _, c := range commands {
 		if c.name == args[0] {
@@ -63,41 +68,38 @@ func dispatch(ctx context.Context, args []string) int {
 }
 
 func usage(w io.Writer) {
-	fmt.Fprintf(w, "Usage: bench <command> [flags]\n\nCommands:\n")
+	fmt.Fprintf(w, "usage: bench <command> [flags]\n\ncommands:\n")
 	for _, c := range commands {
 		fmt.Fprintf(w, "  %-18s %s\n", c.name, c.summary)
 	}
-	fmt.Fprintf(w, "\nRun `bench <command> -h` for a command's flags.\n")
+	fmt.Fprintf(w, "\nRun `bench <command> -h` for a command's flags; `bench --version` prints the build.\n")
 }
 
-// parse parses a subcommand's flags; done is true when the command should exit with code.
+// parse parses a subcommand's flags; done is true when the command should exit with code
+// (after -h, --version or a bad command line).
 func parse(fs *flag.FlagSet, args []string) (code int, done bool) {
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return 0, true
-		}
-		return 2, true
-	}
-	if fs.NArg() > 0 {
-		fmt.Fprintf(os.Stderr, "%s: unexpected arguments: %v\n", fs.Name(), fs.Args())
-		return 2, true
-	}
-	return 0, false
+	return cmdline.Parse(fs, args, false, os.Stdout, os.Stderr)
 }
 
 // loadTest is one load test as runLoad drives it: its flags, the check of their values
-// once parsed, and the run, which reports whether the test missed its aim.
+// once parsed, the run, which reports whether the test missed its aim, and the files it
+// writes (by flag name: the flag's value).
 type loadTest struct {
 	flags    func(*flag.FlagSet)
 	validate func(fs *flag.FlagSet, args []string) error
 	run      func(ctx context.Context) (missed bool, err error)
+	outputs  map[string]*string
 }
+
+// resultsDir holds the committed figures; a run writes there only with -update-results.
+const resultsDir = "bench/results/"
 
 // runLoad parses a load test's flags and runs it. Exit status: 2 for bad usage, 1 when
 // the run failed or (with -strict) missed its aim.
 func runLoad(ctx context.Context, name string, args []string, t loadTest) int {
 	fs := flag.NewFlagSet("bench "+name, flag.ContinueOnError)
 	t.flags(fs)
+	update := fs.Bool("update-results", false, "write the report into "+resultsDir+" (the committed figures) instead of a new folder under bench/out/")
 	if code, done := parse(fs, args); done {
 		return code
 	}
@@ -105,6 +107,7 @@ func runLoad(ctx context.Context, name string, args []string, t loadTest) int {
 		fmt.Fprintf(os.Stderr, "bench %s: %v\n", name, err)
 		return 2
 	}
+	freshOutputs(fs, name, t.outputs, *update, time.Now())
 	missed, err := t.run(ctx)
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "bench %s: %v\n", name, err)
@@ -114,6 +117,21 @@ func runLoad(ctx context.Context, name string, args []string, t loadTest) int {
 		return 1
 	}
 	return 0
+}
+
+// freshOutputs moves the files a run writes by default, under resultsDir, to a folder of
+// their own, bench/out/<UTC time>-<name>/, unless update asks for resultsDir. A path given
+// on the command line is kept as given.
+func freshOutputs(fs *flag.FlagSet, name string, outputs map[string]*string, update bool, now time.Time) {
+	set := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+	dir := "bench/out/" + now.UTC().Format("20060102T150405Z") + "-" + name + "/"
+	for flagName, p := range outputs {
+		if set[flagName] || update || !strings.HasPrefix(*p, resultsDir) {
+			continue
+		}
+		*p = dir + strings.TrimPrefix(*p, resultsDir)
+	}
 }
 
 func runAuthz(ctx context.Context, name string, args []string) int {
@@ -135,6 +153,7 @@ func runAuthzLoad(ctx context.Context, name string, args []string, cfg authzload
 			rep, err := authzload.Run(ctx, cfg, os.Stdout, os.Stderr)
 			return err == nil && cfg.Strict && !rep.Pass, err
 		},
+		outputs: map[string]*string{"out": &cfg.Out},
 	})
 }
 
@@ -153,6 +172,7 @@ func runCluster(ctx context.Context, name string, args []string) int {
 			rep, err := clusterload.Run(ctx, cfg, os.Stdout, os.Stderr)
 			return err == nil && cfg.Strict && !(rep.AimPass && rep.SinglePass), err
 		},
+		outputs: map[string]*string{"out": &cfg.Out, "plot": &cfg.Plot},
 	})
 }
 
@@ -168,6 +188,7 @@ func runCore(ctx context.Context, name string, args []string) int {
 			rep, err := coreload.Run(ctx, cfg, os.Stdout, os.Stderr)
 			return err == nil && cfg.Strict && !rep.Pass, err
 		},
+		outputs: map[string]*string{"out": &cfg.Out},
 	})
 }
 

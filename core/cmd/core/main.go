@@ -4,6 +4,7 @@ package main
 
 import (
 	"context"
+	"flag"
 	"fmt"
 	"log/slog"
 	"os"
@@ -23,19 +24,43 @@ import (
 	"github.com/converger/edge/core/migrations"
 	"github.com/converger/edge/core/passwords"
 	"github.com/converger/edge/core/store"
+	"github.com/converger/edge/shared/cmdline"
+	"github.com/converger/edge/shared/envfile"
 	"github.com/converger/edge/shared/limiterclient"
 )
 
+// serviceUsage explains serve and migrate, whose flags are only -h and --version.
+var serviceUsage = map[string]string{
+	"serve": "usage: core serve\n\nRuns the HTTP API on CORE_ADDR after applying the migrations to DATABASE_URL; needs\n" +
+		"TOKEN_SIGNING_KEY and ENCRYPTION_KEY (`core keys generate` makes them). Configured by\n" +
+		"environment variables (README.md, \"The core\"), any of which may be given as a file,\n" +
+		"NAME_FILE=/path/to/file. SIGINT or SIGTERM stops it gracefully.\n",
+	"migrate": "usage: core migrate\n\nApplies the database migrations to DATABASE_URL and prints the schema version.\n",
+}
+
 func main() {
-	if len(os.Args) < 2 || (os.Args[1] != "serve" && os.Args[1] != "migrate") {
+	env := envfile.New(os.Environ(), os.ReadFile)
+	if len(os.Args) < 2 || serviceUsage[os.Args[1]] == "" {
 		// The management commands, help and unknown commands; they read only the
 		// environment they need, so that an unrelated setting cannot stop them.
 		ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
-		code := manage.Run(ctx, os.Args[1:], manage.Env{Getenv: os.Getenv, Stdin: os.Stdin}, os.Stdout, os.Stderr)
+		code := manage.Run(ctx, os.Args[1:], manage.Env{Getenv: env.Getenv, Stdin: os.Stdin}, os.Stdout, os.Stderr)
 		stop()
+		if err := env.Err(); err != nil {
+			fmt.Fprintf(os.Stderr, "core: invalid configuration: %v\n", err)
+			code = 2
+		}
 		os.Exit(code)
 	}
-	cfg, err := config.Load(os.Getenv)
+	fs := flag.NewFlagSet("core "+os.Args[1], flag.ContinueOnError)
+	fs.Usage = func() { fmt.Fprint(fs.Output(), serviceUsage[os.Args[1]]) }
+	if code, exit := cmdline.Parse(fs, os.Args[2:], false, os.Stdout, os.Stderr); exit {
+		os.Exit(code)
+	}
+	cfg, err := config.Load(env.Getenv)
+	if fileErr := env.Err(); fileErr != nil {
+		err = fileErr // an unreadable NAME_FILE explains what Load said of NAME
+	}
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "core: invalid configuration: %v\n", err)
 		os.Exit(2)

@@ -5,6 +5,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
+	"log/slog"
 	"net"
 	"net/http"
 	"os"
@@ -17,11 +19,18 @@ import (
 	"testing"
 	"time"
 
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	authv3 "github.com/envoyproxy/go-control-plane/envoy/service/auth/v3"
 	"github.com/jackc/pgx/v5"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/converger/edge/core/credentials"
+	"github.com/converger/edge/shared/cmdline/cmdlinetest"
 	"github.com/converger/edge/shared/pgserver"
 	"github.com/converger/edge/shared/token"
+	sidecarconfig "github.com/converger/edge/sidecar/config"
+	"github.com/converger/edge/sidecar/service"
 )
 
 var binary string // the core binary, built once by TestMain
@@ -34,7 +43,7 @@ func TestMain(m *testing.M) {
 	}
 	binary = filepath.Join(dir, "core")
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
-	build := exec.CommandContext(ctx, "go", "build", "-o", binary, ".")
+	build := exec.CommandContext(ctx, "go", append(append([]string{"build"}, cmdlinetest.BuildFlags...), "-o", binary, ".")...)
 	build.Stdout, build.Stderr = os.Stderr, os.Stderr
 	err = build.Run()
 	cancel()
@@ -130,7 +139,7 @@ func TestUsage(t *testing.T) {
 	p := newProc(t, map[string]string{})
 	r := p.expect(0, "tenants rotate-key --name N [--grace 24h]", "help")
 	for _, cmd := range []string{"serve", "migrate", "tenants create", "tenants deactivate", "channels create",
-		"limits set", "limits show", "limits clear", "admins create"} {
+		"limits set", "limits show", "limits clear", "admins create", "keys generate", "keys public", "version"} {
 		if !strings.Contains(r.stdout, cmd) {
 			t.Errorf("help does not list %q", cmd)
 		}
@@ -308,4 +317,97 @@ func (l *lockedBuffer) String() string {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return l.b.String()
+}
+
+// TestCommandLine: help and --version of the binary and of serve and migrate start
+// nothing (serve would listen, migrate would need a database); unknown flags are exit 2.
+func TestCommandLine(t *testing.T) {
+	t.Parallel()
+	env := []string{"CORE_ADDR=127.0.0.1:0", "DATABASE_URL=postgres://nobody@127.0.0.1:1/none"}
+	cmdlinetest.Check(t, binary, env, "usage: core <command>")
+	cmdlinetest.Check(t, binary, env, "usage: core serve", "serve")
+	cmdlinetest.Check(t, binary, env, "usage: core migrate", "migrate")
+	if r := cmdlinetest.Run(t, t.TempDir(), env, binary, "serve", "now"); r.Code != 2 || !strings.Contains(r.Stderr, `unexpected argument "now"`) {
+		t.Errorf("serve now: exit %d, stderr %q", r.Code, r.Stderr)
+	}
+	// An unreadable NAME_FILE stops the binary with a message naming it, but not its help.
+	env = append(env, "TOKEN_SIGNING_KEY_FILE=/nonexistent/key")
+	if r := cmdlinetest.Run(t, t.TempDir(), env, binary, "serve"); r.Code != 2 || !strings.Contains(r.Stderr, "TOKEN_SIGNING_KEY_FILE: open /nonexistent/key") {
+		t.Errorf("serve with a missing key file: exit %d, stderr %q", r.Code, r.Stderr)
+	}
+	if r := cmdlinetest.Run(t, t.TempDir(), env, binary, "--help"); r.Code != 0 {
+		t.Errorf("--help with a missing key file: exit %d, stderr %q", r.Code, r.Stderr)
+	}
+}
+
+// TestKeysRoundTrip: a token signed with the key `core keys generate` made verifies, in
+// the sidecar, with the key `core keys public` printed for it, read from the file that
+// `keys generate --dir` wrote; a token of another key is refused.
+func TestKeysRoundTrip(t *testing.T) {
+	t.Parallel()
+	dir := filepath.Join(t.TempDir(), "keys")
+	p := newProc(t, map[string]string{})
+	p.expect(0, "created "+filepath.Join(dir, "TOKEN_SIGNING_KEY"), "keys", "generate", "--dir", dir)
+	fileOf := func(name string) string {
+		b, err := os.ReadFile(filepath.Join(dir, name))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return strings.TrimSpace(string(b))
+	}
+	pub := newProc(t, map[string]string{"TOKEN_SIGNING_KEY_FILE": filepath.Join(dir, "TOKEN_SIGNING_KEY")}).
+		expect(0, "", "keys", "public")
+	verifyKeys := strings.TrimSpace(pub.stdout)
+	if verifyKeys != fileOf("TOKEN_VERIFY_KEYS") {
+		t.Fatalf("keys public printed %q; keys generate wrote %q", verifyKeys, fileOf("TOKEN_VERIFY_KEYS"))
+	}
+
+	env := map[string]string{"SIDECAR_GRPC_ADDR": "127.0.0.1:0", "SIDECAR_HTTP_ADDR": "127.0.0.1:0", "TOKEN_VERIFY_KEYS": verifyKeys,
+		"CLUSTER_STRATEGY": "none"}
+	cfg, err := sidecarconfig.Load(func(k string) string { return env[k] })
+	if err != nil {
+		t.Fatal(err)
+	}
+	sc, err := service.Start(cfg, service.Options{Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(sc.Stop)
+	conn, err := grpc.NewClient(sc.GRPCAddr.String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	check := func(signingKey string) *authv3.CheckResponse {
+		signer, err := token.ParseSigningKey(signingKey)
+		if err != nil {
+			t.Fatal(err)
+		}
+		tok, err := signer.Issue(token.Claims{TenantID: "00000000-0000-4000-8000-000000000001",
+			ChannelID: "00000000-0000-4000-8000-000000000002", Src: token.SrcSecret}, time.Now())
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		resp, err := authv3.NewAuthorizationClient(conn).Check(ctx, &authv3.CheckRequest{Attributes: &authv3.AttributeContext{
+			Source: &authv3.AttributeContext_Peer{Address: &corev3.Address{Address: &corev3.Address_SocketAddress{
+				SocketAddress: &corev3.SocketAddress{Address: "127.0.0.1", PortSpecifier: &corev3.SocketAddress_PortValue{PortValue: 40000}}}}},
+			Request: &authv3.AttributeContext_Request{Http: &authv3.AttributeContext_HttpRequest{
+				Method: "POST", Path: "/api/v1/converger/tokens/refresh", Host: "edge.test",
+				Headers: map[string]string{"authorization": "Bearer " + tok, "x-request-id": "keys-round-trip"},
+			}},
+		}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return resp
+	}
+	if r := check(fileOf("TOKEN_SIGNING_KEY")); r.GetStatus().GetCode() != 0 || r.GetDeniedResponse() != nil {
+		t.Fatalf("a token of the generated key is refused: %v", r)
+	}
+	other, _ := token.GenerateKey()
+	if r := check(other); r.GetDeniedResponse().GetStatus().GetCode() != 403 {
+		t.Fatalf("a token of another key: %v, want a 403 denial", r)
+	}
 }

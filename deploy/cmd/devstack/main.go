@@ -10,13 +10,17 @@ import (
 	"bufio"
 	"context"
 	"errors"
+	"flag"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
+	"net/url"
 	"os"
 	"os/exec"
 	"os/signal"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -28,6 +32,7 @@ import (
 	"github.com/converger/edge/core/credentials"
 	"github.com/converger/edge/core/migrations"
 	"github.com/converger/edge/core/store"
+	"github.com/converger/edge/shared/cmdline"
 	"github.com/converger/edge/shared/pgserver"
 	"github.com/converger/edge/shared/token"
 )
@@ -39,6 +44,10 @@ const (
 	signingKeyFile    = "token_signing_key"
 	encryptionKeyFile = "encryption_key"
 	credentialsFile   = "demo-credentials"
+	// envFile holds the stack's settings for the management commands (`. ./.data/env`).
+	envFile = "env"
+	// portFile keeps the port of the throwaway PostgreSQL across starts.
+	portFile = "postgres.port"
 )
 
 // The demo tenant and channel created on first start.
@@ -47,7 +56,25 @@ const (
 	demoChannel = "demo-echo"
 )
 
+const usage = `usage: devstack [--help] [--version]
+
+What ` + "`make run`" + ` starts, from the repository root: a PostgreSQL under ./.data (unless
+DATABASE_URL is set), the migrations, development keys, a demo tenant and echo channel on
+first start, then the sidecar and the core (bin/sidecar and bin/core beside devstack) in the
+foreground. It writes ./.data/env (DATABASE_URL, the keys; source it for bin/core's
+management commands) and ./.data/demo-credentials. Ctrl-C stops everything.
+
+Environment: CORE_ADDR (127.0.0.1:8080), SIDECAR_GRPC_ADDR (127.0.0.1:8081),
+SIDECAR_HTTP_ADDR (127.0.0.1:8082), PUBLIC_URL, DATABASE_URL, LOG_FORMAT (text), and
+the core's ADMIN_EMAIL and ADMIN_PASSWORD.
+`
+
 func main() {
+	fs := flag.NewFlagSet("devstack", flag.ContinueOnError)
+	fs.Usage = func() { fmt.Fprint(fs.Output(), usage) }
+	if code, exit := cmdline.Parse(fs, os.Args[1:], false, os.Stdout, os.Stderr); exit {
+		os.Exit(code)
+	}
 	if err := run(); err != nil {
 		fmt.Fprintf(os.Stderr, "devstack: %v\n", err)
 		os.Exit(1)
@@ -81,9 +108,15 @@ func run() error {
 	publicURL := strings.TrimRight(envOr("PUBLIC_URL", "http://"+coreAddr), "/")
 
 	dbURL := os.Getenv("DATABASE_URL")
+	if dbURL != "" && dbURL == previousEnv(filepath.Join(dir, envFile))["DATABASE_URL"] {
+		// The shell sourced ./.data/env: that is our own PostgreSQL, not an external one.
+		dbURL = ""
+	}
 	if dbURL == "" {
 		fmt.Println("starting a throwaway PostgreSQL under", filepath.Join(dir, "postgres"))
-		pg, err := pgserver.Start(ctx, pgserver.Options{Dir: filepath.Join(dir, "postgres")})
+		portPath := filepath.Join(dir, portFile)
+		port := keptPort(portPath)
+		pg, err := pgserver.Start(ctx, pgserver.Options{Dir: filepath.Join(dir, "postgres"), Port: port})
 		if err != nil {
 			return err
 		}
@@ -93,6 +126,9 @@ func run() error {
 			}
 		}()
 		dbURL = pg.URL()
+		if err := keepPort(portPath, dbURL); err != nil {
+			return err
+		}
 	}
 	if err := migrations.Up(ctx, dbURL); err != nil {
 		return err
@@ -118,6 +154,14 @@ func run() error {
 	}
 	demo, note, err := demoCredentials(ctx, dbURL, sealer, filepath.Join(dir, credentialsFile))
 	if err != nil {
+		return err
+	}
+	if err := writeEnv(filepath.Join(dir, envFile), []envVar{
+		{"DATABASE_URL", dbURL},
+		{"ENCRYPTION_KEY", encKey},
+		{"TOKEN_SIGNING_KEY", signingKey},
+		{"TOKEN_VERIFY_KEYS", signer.PublicKey()},
+	}); err != nil {
 		return err
 	}
 
@@ -157,7 +201,8 @@ func run() error {
 	}
 
 	printHowTo(os.Stdout, howTo{DatabaseURL: redact(dbURL), Base: publicURL, GRPCAddr: grpcAddr,
-		HTTPAddr: httpAddr, Demo: demo, Note: note, CredentialsFile: filepath.Join(dataDir, credentialsFile)})
+		HTTPAddr: httpAddr, Demo: demo, Note: note, CredentialsFile: filepath.Join(dataDir, credentialsFile),
+		EnvFile: filepath.Join(dataDir, envFile)})
 
 	select {
 	case <-ctx.Done():
@@ -186,6 +231,88 @@ func readOrCreateKey(path string, gen func() (string, error)) (string, error) {
 		return "", err
 	}
 	return strings.TrimSpace(string(b)), nil
+}
+
+// keptPort is the port the throwaway PostgreSQL had at the last start, if it is still
+// free; else 0, a free one.
+func keptPort(path string) int {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return 0
+	}
+	port, err := strconv.Atoi(strings.TrimSpace(string(b)))
+	if err != nil || port <= 0 || port > 65535 {
+		return 0
+	}
+	l, err := net.Listen("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(port)))
+	if err != nil {
+		fmt.Printf("PostgreSQL's port %d of the last start is taken; using another one (DATABASE_URL in %s changes)\n", port, filepath.Join(dataDir, envFile))
+		return 0
+	}
+	l.Close()
+	return port
+}
+
+// keepPort records the port of dbURL for the next start.
+func keepPort(path, dbURL string) error {
+	u, err := url.Parse(dbURL)
+	if err != nil || u.Port() == "" {
+		return fmt.Errorf("the throwaway PostgreSQL's URL has no port: %q", redact(dbURL))
+	}
+	return os.WriteFile(path, []byte(u.Port()+"\n"), 0o644)
+}
+
+// envVar is one line of ./.data/env.
+type envVar struct{ name, value string }
+
+const envHeader = `# The settings of the development stack of ` + "`make run`" + `, written at every start: development
+# values only. Load them into a shell for bin/core's management commands, for instance:
+#   . ./.data/env && bin/core tenants create --name acme
+`
+
+// writeEnv writes the stack's settings as a shell file of exports (0600: keys).
+func writeEnv(path string, vars []envVar) error {
+	var b strings.Builder
+	b.WriteString(envHeader)
+	for _, v := range vars {
+		fmt.Fprintf(&b, "export %s=%s\n", v.name, shellQuote(v.value))
+	}
+	if err := os.WriteFile(path, []byte(b.String()), 0o600); err != nil {
+		return err
+	}
+	return os.Chmod(path, 0o600) // an existing file keeps its mode otherwise
+}
+
+// previousEnv reads the variables of an earlier ./.data/env; nil when there is none.
+func previousEnv(path string) map[string]string {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil
+	}
+	out := map[string]string{}
+	for _, line := range strings.Split(string(b), "\n") {
+		k, v, ok := strings.Cut(strings.TrimPrefix(line, "export "), "=")
+		if !ok || strings.HasPrefix(line, "#") {
+			continue
+		}
+		if uq, err := shellUnquote(v); err == nil {
+			out[k] = uq
+		}
+	}
+	return out
+}
+
+// shellQuote quotes s for a POSIX shell: in single quotes, each quote inside closed, escaped and reopened.
+func shellQuote(s string) string {
+	return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'"
+}
+
+// shellUnquote reverses shellQuote.
+func shellUnquote(s string) (string, error) {
+	if len(s) < 2 || s[0] != '\'' || s[len(s)-1] != '\'' {
+		return "", errors.New("not single-quoted")
+	}
+	return strings.ReplaceAll(s[1:len(s)-1], `'\''`, "'"), nil
 }
 
 // Demo holds the demo tenant's and channel's development credentials, as saved in
@@ -460,7 +587,7 @@ type howTo struct {
 	DatabaseURL, Base, GRPCAddr, HTTPAddr string
 	Demo                                  *Demo
 	Note                                  string
-	CredentialsFile                       string
+	CredentialsFile, EnvFile              string
 }
 
 func printHowTo(w io.Writer, h howTo) {
@@ -498,13 +625,17 @@ Try it from another terminal, in this directory (README.md, "Core", walks throug
     -H 'content-type: application/json' -d '{"type":"message","from":{"id":"alice"},"text":"hello"}'; echo
   # 4. the conversation: your message and the echo channel's reply
   curl -s $B/api/v1/converger/conversations/$CONV/activities -H "Authorization: Bearer $TOKEN"; echo
-  # 5. a 429 from the sidecar: the legacy token endpoint takes 10 per minute per client IP
-  for i in $(seq 11); do curl -s -o /dev/null -w '%%{http_code} ' -X POST $B/api/v1/tokens -H "x-api-key: $DEMO_API_KEY" \
-    -H 'content-type: application/json' -d "{\"conversation_id\":\"$CONV\",\"user_id\":\"alice\"}"; done; echo
-  curl -si -X POST $B/api/v1/tokens -H "x-api-key: $DEMO_API_KEY" -H 'content-type: application/json' \
-    -d "{\"conversation_id\":\"$CONV\",\"user_id\":\"alice\"}"; echo
+  # 5. a 429 from the sidecar: publishable tokens take 10 per minute per client IP (no other step uses them)
+  for i in $(seq 10); do curl -s -o /dev/null -w '%%{http_code} ' -X POST $B/api/v1/converger/tokens/publishable \
+    -H "Authorization: Bearer $DEMO_PUBLISHABLE_KEY"; done; echo
+  curl -si -X POST $B/api/v1/converger/tokens/publishable -H "Authorization: Bearer $DEMO_PUBLISHABLE_KEY"; echo
+
+Management commands against this stack (DATABASE_URL, ENCRYPTION_KEY and the keys are in %s):
+
+  . ./%s && bin/core limits show --tenant demo
 
 Ctrl-C stops everything.
 
-`, demoTenant, d.TenantID, demoChannel, d.ChannelID, h.CredentialsFile, d.APIKey, d.ChannelSecret, d.PublishableKey, h.CredentialsFile, h.Base)
+`, demoTenant, d.TenantID, demoChannel, d.ChannelID, h.CredentialsFile, d.APIKey, d.ChannelSecret, d.PublishableKey, h.CredentialsFile, h.Base,
+		h.EnvFile, h.EnvFile)
 }

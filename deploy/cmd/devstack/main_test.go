@@ -1,10 +1,15 @@
 package main
 
 import (
+	"fmt"
+	"net"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/converger/edge/shared/cmdline/cmdlinetest"
 )
 
 func TestDemoCredentialsFile(t *testing.T) {
@@ -53,4 +58,67 @@ func TestRedact(t *testing.T) {
 			t.Errorf("redact(%q) = %q, want %q", in, got, want)
 		}
 	}
+}
+
+func TestEnvFile(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "env")
+	vars := []envVar{{"DATABASE_URL", "postgres://postgres@127.0.0.1:5999/postgres?sslmode=disable"}, {"ODD", "it's $HOME `x`"}}
+	if err := writeEnv(path, vars); err != nil {
+		t.Fatal(err)
+	}
+	if fi, err := os.Stat(path); err != nil || fi.Mode().Perm() != 0o600 {
+		t.Fatalf("mode %v %v, want 0600", fi.Mode(), err)
+	}
+	got := previousEnv(path)
+	for _, v := range vars {
+		if got[v.name] != v.value {
+			t.Errorf("%s = %q, want %q", v.name, got[v.name], v.value)
+		}
+	}
+	// A POSIX shell reads the same values.
+	sh, err := exec.LookPath("sh")
+	if err != nil {
+		t.Skip("no sh")
+	}
+	out, err := exec.Command(sh, "-c", `. "$0" && printf '%s\n' "$DATABASE_URL" "$ODD"`, path).Output()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := vars[0].value + "\n" + vars[1].value + "\n"; string(out) != want {
+		t.Fatalf("sourced:\n%s\nwant:\n%s", out, want)
+	}
+}
+
+func TestKeptPort(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "postgres.port")
+	if p := keptPort(path); p != 0 {
+		t.Fatalf("no file: port %d, want 0 (a free one)", p)
+	}
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	port := l.Addr().(*net.TCPAddr).Port
+	if err := keepPort(path, fmt.Sprintf("postgres://postgres@127.0.0.1:%d/postgres?sslmode=disable", port)); err != nil {
+		t.Fatal(err)
+	}
+	if p := keptPort(path); p != 0 {
+		t.Fatalf("the kept port %d is taken: got %d, want 0", port, p)
+	}
+	l.Close()
+	if p := keptPort(path); p != port {
+		t.Fatalf("the kept port is free again: got %d, want %d", p, port)
+	}
+}
+
+// TestCommandLine: help and --version start nothing (no PostgreSQL, no ./.data).
+func TestCommandLine(t *testing.T) {
+	binary := filepath.Join(t.TempDir(), "devstack")
+	build := exec.Command("go", append(append([]string{"build"}, cmdlinetest.BuildFlags...), "-o", binary, ".")...)
+	build.Stderr = os.Stderr
+	if err := build.Run(); err != nil {
+		t.Fatal(err)
+	}
+	cmdlinetest.Check(t, binary, nil, "usage: devstack")
 }

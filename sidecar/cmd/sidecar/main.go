@@ -3,18 +3,39 @@
 package main
 
 import (
+	"flag"
 	"fmt"
 	"log/slog"
 	"os"
 	"os/signal"
 	"syscall"
 
+	"github.com/converger/edge/shared/cmdline"
+	"github.com/converger/edge/shared/envfile"
 	"github.com/converger/edge/sidecar/config"
 	"github.com/converger/edge/sidecar/service"
 )
 
+const usage = `usage: sidecar [--help] [--version]
+
+The rate-limit sidecar: Envoy's external authorization service (gRPC Check) and the
+Limiter service on SIDECAR_GRPC_ADDR (127.0.0.1:8081), /metrics, /healthz and /readyz on
+SIDECAR_HTTP_ADDR (127.0.0.1:8082). It is configured by environment variables (README.md,
+"The sidecar"); any of them may be given as a file instead, NAME_FILE=/path/to/file.
+SIGINT or SIGTERM stops it.
+`
+
 func main() {
-	cfg, err := config.Load(os.Getenv)
+	fs := flag.NewFlagSet("sidecar", flag.ContinueOnError)
+	fs.Usage = func() { fmt.Fprint(fs.Output(), usage) }
+	if code, exit := cmdline.Parse(fs, os.Args[1:], false, os.Stdout, os.Stderr); exit {
+		os.Exit(code)
+	}
+	env := envfile.New(os.Environ(), os.ReadFile)
+	cfg, err := config.Load(env.Getenv)
+	if fileErr := env.Err(); fileErr != nil {
+		err = fileErr // an unreadable NAME_FILE explains what Load said of NAME
+	}
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "sidecar: invalid configuration: %v\n", err)
 		os.Exit(2)

@@ -12,7 +12,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime/debug"
 	"strings"
 	"sync"
 	"syscall"
@@ -24,6 +23,7 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
 	"github.com/converger/edge/core/migrations"
+	"github.com/converger/edge/shared/cmdline/cmdlinetest"
 	"github.com/converger/edge/shared/pgserver"
 )
 
@@ -37,12 +37,9 @@ func TestMain(m *testing.M) {
 		os.Exit(1)
 	}
 	binary = filepath.Join(dir, "sidecar")
-	// Built with the test binary's -race setting, so that it reuses the packages the
-	// test build compiled and runs under the race detector too.
-	args := []string{"build", "-o", binary}
-	if raceEnabled() {
-		args = append(args, "-race")
-	}
+	// Built with the test binary's -race setting (cmdlinetest.BuildFlags), so that it
+	// reuses the packages the test build compiled and runs under the race detector too.
+	args := append(append([]string{"build"}, cmdlinetest.BuildFlags...), "-o", binary)
 	build := exec.Command("go", append(args, ".")...)
 	build.Stdout, build.Stderr = os.Stderr, os.Stderr
 	if err := build.Run(); err != nil {
@@ -53,19 +50,6 @@ func TestMain(m *testing.M) {
 	code := pgserver.RunTests(m)
 	os.RemoveAll(dir)
 	os.Exit(code)
-}
-
-func raceEnabled() bool {
-	bi, ok := debug.ReadBuildInfo()
-	if !ok {
-		return false
-	}
-	for _, s := range bi.Settings {
-		if s.Key == "-race" {
-			return s.Value == "true"
-		}
-	}
-	return false
 }
 
 // configVars are the variables the sidecar reads; the test's own environment must not
@@ -371,5 +355,14 @@ func TestPortInUse(t *testing.T) {
 				t.Errorf("stderr does not name %s and the cause:\n%s", v, out)
 			}
 		})
+	}
+}
+
+// TestCommandLine: help and --version start nothing, an unknown flag is exit 2.
+func TestCommandLine(t *testing.T) {
+	t.Parallel()
+	cmdlinetest.Check(t, binary, []string{"SIDECAR_GRPC_ADDR=127.0.0.1:0", "SIDECAR_HTTP_ADDR=127.0.0.1:0"}, "usage: sidecar")
+	if r := cmdlinetest.Run(t, t.TempDir(), nil, binary, "serve"); r.Code != 2 || !strings.Contains(r.Stderr, `unexpected argument "serve"`) {
+		t.Errorf("an argument: exit %d, stderr %q", r.Code, r.Stderr)
 	}
 }

@@ -1,0 +1,221 @@
+package deploy
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+
+	"github.com/converger/edge/core/migrations"
+	"github.com/converger/edge/shared/cmdline/cmdlinetest"
+	"github.com/converger/edge/shared/pgserver"
+)
+
+func TestMain(m *testing.M) {
+	code := pgserver.RunTests(m)
+	if binDir != "" {
+		os.RemoveAll(binDir)
+	}
+	os.Exit(code)
+}
+
+// buildBinaries builds the core and the sidecar once, into a directory TestMain removes.
+func buildBinaries(t *testing.T) map[string]string {
+	t.Helper()
+	binOnce.Do(func() {
+		dir, err := os.MkdirTemp("", "deploy-bin-")
+		if err != nil {
+			binErr = err
+			return
+		}
+		binDir = dir
+		for _, pkg := range []string{"core", "sidecar"} {
+			args := append(append([]string{"build"}, cmdlinetest.BuildFlags...), "-o", filepath.Join(dir, pkg), "../"+pkg+"/cmd/"+pkg)
+			if out, err := exec.Command("go", args...).CombinedOutput(); err != nil {
+				binErr = fmt.Errorf("building %s: %v\n%s", pkg, err, out)
+				return
+			}
+		}
+	})
+	if binErr != nil {
+		t.Fatal(binErr)
+	}
+	return map[string]string{"core": filepath.Join(binDir, "core"), "sidecar": filepath.Join(binDir, "sidecar")}
+}
+
+var (
+	binOnce sync.Once
+	binDir  string
+	binErr  error
+)
+
+// TestKubernetesProbesServed starts the real binaries with the environment, keys and
+// files the Deployment gives its sidecar and core (over a test database, on free loopback
+// ports), and checks that every probe of theirs answers: a probe path the binary does
+// not serve fails here, as it would fail the pod.
+func TestKubernetesProbesServed(t *testing.T) {
+	files, readme := readKubernetesFiles(t)
+	k, err := loadKube(t, files, readme)
+	if err != nil {
+		t.Fatal(err)
+	}
+	bins := buildBinaries(t)
+	dbURL := pgserver.NewTestDatabase(t, migrations.Up)
+	for _, d := range k.m.deployments {
+		pod := podTemplate{"deployment " + d.Name, d.Spec.Template.Labels, d.Spec.Template.Spec, false}
+		ports := map[string]string{}
+		started := 0
+		// The sidecar first: the core's LIMITER_ADDR points at it.
+		for _, program := range []string{"sidecar", "core"} {
+			for _, c := range pod.spec.Containers {
+				if programOf(c.Image, "") != program {
+					continue
+				}
+				mc, errs := k.materialize(t, pod, c, dbURL)
+				if len(errs) > 0 {
+					t.Fatal(errors.Join(errs...))
+				}
+				relocate(mc, ports)
+				startProgram(t, bins[program], mc)
+				started++
+				for _, p := range []*corev1.Probe{c.ReadinessProbe, c.LivenessProbe} {
+					if p == nil {
+						continue
+					}
+					port := strconv.Itoa(portOf(c, probePort(p)))
+					addr := "127.0.0.1:" + ports[port]
+					if ports[port] == "" {
+						t.Errorf("%s: the probe's port %s is not one the program listens on (%v)", mc.where, port, ports)
+						continue
+					}
+					if err := probe(p, addr); err != nil {
+						t.Errorf("%s: probe on container port %s: %v", mc.where, port, err)
+					}
+				}
+			}
+		}
+		if started != 2 {
+			t.Errorf("%s: started %d programs, want the sidecar and the core", pod.where, started)
+		}
+	}
+}
+
+// relocate moves every address a program listens on or dials in its pod (0.0.0.0,
+// 127.0.0.1 or the pod's IP) to a free loopback port, the same one for the same port of
+// the pod, and keeps cluster discovery off the network.
+func relocate(c *container, ports map[string]string) {
+	for k, v := range c.env {
+		if k == "CLUSTER_DNS_NAME" {
+			c.env[k] = "localhost" // resolved from /etc/hosts: no DNS query leaves the machine
+			continue
+		}
+		host, port, err := net.SplitHostPort(v)
+		if err != nil || (host != "0.0.0.0" && host != "127.0.0.1" && host != "localhost" && host != fakePodIP) {
+			continue
+		}
+		if ports[port] == "" {
+			l, err := net.Listen("tcp", "127.0.0.1:0")
+			if err != nil {
+				panic(err)
+			}
+			_, free, _ := net.SplitHostPort(l.Addr().String())
+			l.Close()
+			ports[port] = free
+		}
+		c.env[k] = "127.0.0.1:" + ports[port]
+	}
+}
+
+// startProgram runs a program as its container would (args, environment with paths
+// through the mounts) and stops it when the test ends.
+func startProgram(t *testing.T, binary string, c *container) {
+	t.Helper()
+	cmd := exec.Command(binary, c.args...)
+	cmd.Env = []string{"PATH=" + os.Getenv("PATH"), "LOG_FORMAT=text"}
+	for k, v := range c.env {
+		cmd.Env = append(cmd.Env, k+"="+c.hostPath(v))
+	}
+	var out lockedWriter
+	cmd.Stdout, cmd.Stderr = &out, &out
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan struct{})
+	go func() { _ = cmd.Wait(); close(done) }()
+	t.Cleanup(func() {
+		_ = cmd.Process.Signal(os.Interrupt)
+		select {
+		case <-done:
+		case <-time.After(15 * time.Second):
+			_ = cmd.Process.Kill()
+			<-done
+		}
+		if t.Failed() {
+			t.Logf("%s output:\n%s", c.where, out.String())
+		}
+	})
+}
+
+// probe runs a probe as the kubelet would, retrying for up to 30 s while the program
+// starts: httpGet wants a status from 200 to 399, tcpSocket a connection.
+func probe(p *corev1.Probe, addr string) error {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	var last error
+	for ctx.Err() == nil {
+		switch {
+		case p.HTTPGet != nil:
+			req, _ := http.NewRequestWithContext(ctx, "GET", "http://"+addr+p.HTTPGet.Path, nil)
+			resp, err := http.DefaultClient.Do(req)
+			if err == nil {
+				_, _ = io.Copy(io.Discard, resp.Body)
+				resp.Body.Close()
+				if resp.StatusCode >= 200 && resp.StatusCode < 400 {
+					return nil
+				}
+				err = fmt.Errorf("GET %s: %s", p.HTTPGet.Path, resp.Status)
+			}
+			last = err
+		case p.TCPSocket != nil:
+			conn, err := net.DialTimeout("tcp", addr, time.Second)
+			if err == nil {
+				conn.Close()
+				return nil
+			}
+			last = err
+		default:
+			return fmt.Errorf("a probe these checks do not run: %+v", p)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	return fmt.Errorf("no answer within 30 s: %v", last)
+}
+
+type lockedWriter struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (w *lockedWriter) Write(p []byte) (int, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.b.Write(p)
+}
+
+func (w *lockedWriter) String() string {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.b.String()
+}
