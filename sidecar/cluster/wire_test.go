@@ -75,7 +75,7 @@ func TestPackerRespectsTheSizeLimit(t *testing.T) {
 		values = append(values, value{
 			bucket: fmt.Sprintf("bucket_%d", i%7),
 			id:     fmt.Sprintf("%d-%s", i, strings.Repeat("k", rng.IntN(maxString-10))),
-			sizeMS: uint32(1 + rng.IntN(86_400_000)),
+			sizeMS: int64(1 + rng.IntN(86_400_000)),
 			endMS:  sentAt + rng.Int64N(86_400_000),
 			count:  rng.Uint32(),
 		})
@@ -168,7 +168,7 @@ func malformed() map[string][]byte {
 		"huge string length":     append(hugeString, make([]byte, 64)...),
 		"string over the bound":  val(hdr(1), "b", strings.Repeat("x", maxString+1), 1, 1),
 		"window of 0 ms":         val(hdr(1), "b", "x", 0, 1),
-		"window over 32 bits":    val(hdr(1), "b", "x", 1<<32, 1),
+		"window over the longest": val(hdr(1), "b", "x", maxWindowMS+1, 1),
 		"count over 32 bits":     val(hdr(1), "b", "x", 1, 1<<32),
 		"overlong varint":        append([]byte{version}, bytes.Repeat([]byte{0xff}, 11)...),
 	}

@@ -38,6 +38,8 @@ type Result struct {
 	Limit Limit
 	// WindowEndMS is the wall-clock end of the current window in Unix milliseconds.
 	WindowEndMS int64
+	// NowMS is the limiter's clock when it decided, in Unix milliseconds.
+	NowMS int64
 	// RetryAfterMS is the time left in the window when denied, else 0.
 	RetryAfterMS int64
 }
@@ -95,10 +97,11 @@ func (s *shard) insert(k Key, replicated bool) *entry {
 		s.byBucket[k.Bucket] = m
 	}
 	e := new(entry)
+	id := strings.Clone(k.ID)
 	if replicated {
-		e.ext = new(replica)
+		e.ext = &replica{id: id}
 	}
-	m[strings.Clone(k.ID)] = e
+	m[id] = e
 	return e
 }
 
@@ -118,7 +121,7 @@ type entry struct {
 	endMS atomic.Int64
 	// sizeMS is the window length the count was made with: a limit whose window
 	// changes starts a fresh count.
-	sizeMS atomic.Uint32
+	sizeMS atomic.Int64
 	// ext holds the other nodes' part of a replicated counter; nil when local.
 	ext *replica
 }
@@ -191,9 +194,12 @@ func (l *Limiter) NowMS() int64 { return l.now() }
 // Check adds n hits to k and allows them iff the count after adding is within lim.
 // Denied hits are counted too. In a replicated limiter the count is this node's plus
 // what the other nodes reported, and share mode may bound this node's part.
+//
+// No operation keeps a reference to k.ID once it returns (a new counter stores a copy),
+// so the caller may build it in a buffer it reuses.
 func (l *Limiter) Check(k Key, n uint32, lim Limit) Result {
 	now, w, end := l.window(lim)
-	ext, own, ok := l.add(k, n, w, end, windowMS(lim), true)
+	ext, own, ok := l.add(k, n, w, end, windowMS(lim), shareCapped, lim.Count)
 	if ext == nil {
 		return decide(own <= lim.Count, own, lim, now, end)
 	}
@@ -202,15 +208,28 @@ func (l *Limiter) Check(k Key, n uint32, lim Limit) Result {
 	return decide(ok && total <= lim.Count, total, lim, now, end)
 }
 
-// Record adds n hits to k without deciding: the result is always allowed.
-func (l *Limiter) Record(k Key, n uint32, lim Limit) Result {
-	_, w, end := l.window(lim)
-	ext, own, _ := l.add(k, n, w, end, windowMS(lim), false)
+// Take adds n hits to k only if the count after adding is within lim: hits that would
+// take it over are refused and not counted, so denied calls do not use up the budget.
+// Count is the count after adding, or the count that refused them.
+func (l *Limiter) Take(k Key, n uint32, lim Limit) Result {
+	now, w, end := l.window(lim)
+	ext, own, ok := l.add(k, n, w, end, windowMS(lim), within, lim.Count)
 	if ext != nil {
 		own = ext.total(own, w)
 		ext.noteLimit(lim.Count)
 	}
-	return Result{Allowed: true, Count: own, Limit: lim, WindowEndMS: end}
+	return decide(ok && own <= lim.Count, own, lim, now, end)
+}
+
+// Record adds n hits to k without deciding: the result is always allowed.
+func (l *Limiter) Record(k Key, n uint32, lim Limit) Result {
+	now, w, end := l.window(lim)
+	ext, own, _ := l.add(k, n, w, end, windowMS(lim), uncapped, lim.Count)
+	if ext != nil {
+		own = ext.total(own, w)
+		ext.noteLimit(lim.Count)
+	}
+	return Result{Allowed: true, Count: own, Limit: lim, WindowEndMS: end, NowMS: now}
 }
 
 // Peek decides without counting: denied iff the count has reached lim.
@@ -230,22 +249,26 @@ func (l *Limiter) Peek(k Key, lim Limit) Result {
 }
 
 func decide(allowed bool, count uint32, lim Limit, now, end int64) Result {
-	r := Result{Allowed: allowed, Count: count, Limit: lim, WindowEndMS: end}
+	r := Result{Allowed: allowed, Count: count, Limit: lim, WindowEndMS: end, NowMS: now}
 	if !allowed {
 		r.RetryAfterMS = end - now
 	}
 	return r
 }
 
-// windowMS returns the window length in milliseconds, at least 1.
-func windowMS(lim Limit) uint32 {
-	return uint32(min(max(lim.Window.Milliseconds(), 1), math.MaxUint32))
+// MaxWindow is the longest window a limit may have: the cluster's wire format and the
+// window arithmetic assume no more.
+const MaxWindow = 100 * 365 * 24 * time.Hour
+
+// windowMS returns the window length in milliseconds, from 1 to MaxWindow.
+func windowMS(lim Limit) int64 {
+	return min(max(lim.Window.Milliseconds(), 1), MaxWindow.Milliseconds())
 }
 
 // window returns the time, the current window's index (mod 2^32) and its end.
 func (l *Limiter) window(lim Limit) (now int64, w uint32, end int64) {
 	now = l.now()
-	size := int64(windowMS(lim))
+	size := windowMS(lim)
 	idx := now / size
 	return now, uint32(idx), (idx + 1) * size
 }
@@ -255,19 +278,28 @@ func (l *Limiter) shard(k Key) *shard {
 	return &l.shards[h%numShards]
 }
 
-// add adds n to k's count in window w and returns its replica (nil when local) and new count. With
-// capped, a share-mode bound on this node's count applies: hits over it are refused
-// without counting (ok false), so they do not use up the other nodes' budget.
+// bound says which bound on this node's own count an add respects.
+type bound int
+
+const (
+	uncapped    bound = iota // none: Record
+	shareCapped              // share mode's, in a replicated limiter: Check
+	within                   // share mode's and the limit's, less the other nodes' count: Take
+)
+
+// add adds n to k's count in window w and returns its replica (nil when local) and new count.
+// Hits over the bound (see bound) are refused without counting (ok false): share mode's
+// bound keeps them from using up the other nodes' budget.
 //
 // The entry's line is contended when many requests share a key: everything the caller
 // needs of it (ext, immutable) is read before the CAS, nothing after.
-func (l *Limiter) add(k Key, n uint32, w uint32, end int64, size uint32, capped bool) (ext *replica, count uint32, ok bool) {
+func (l *Limiter) add(k Key, n uint32, w uint32, end int64, size int64, b bound, limit uint32) (ext *replica, count uint32, ok bool) {
 	s := l.shard(k)
 	s.mu.RLock()
 	e := s.get(k)
 	if e != nil {
 		ext = e.ext
-		count, ok = e.add(n, w, end, size, maxOwn(ext, w, capped))
+		count, ok = e.add(n, w, end, size, maxOwn(ext, w, b, limit))
 		if ok && ext != nil {
 			s.noteChanged(k, e, ext)
 		}
@@ -282,7 +314,7 @@ func (l *Limiter) add(k Key, n uint32, w uint32, end int64, size uint32, capped 
 		e = s.insert(k, l.replicated)
 	}
 	ext = e.ext
-	count, ok = e.add(n, w, end, size, maxOwn(ext, w, capped))
+	count, ok = e.add(n, w, end, size, maxOwn(ext, w, b, limit))
 	if ok && ext != nil {
 		s.noteChanged(k, e, ext)
 	}
@@ -290,17 +322,29 @@ func (l *Limiter) add(k Key, n uint32, w uint32, end int64, size uint32, capped 
 	return ext, count, ok
 }
 
-func maxOwn(ext *replica, w uint32, capped bool) uint32 {
-	if !capped || ext == nil {
-		return math.MaxUint32
+// maxOwn is the most this node's own count may reach with the bound b.
+func maxOwn(ext *replica, w uint32, b bound, limit uint32) uint32 {
+	m := uint32(math.MaxUint32)
+	if b == uncapped {
+		return m
 	}
-	return ext.capFor(w)
+	if ext != nil {
+		m = ext.capFor(w)
+	}
+	if b == within {
+		if ext != nil {
+			limit -= min(ext.total(0, w), limit)
+		}
+		// MaxUint32 means no bound to entry.add; a limit of MaxUint32 needs none.
+		m = min(m, limit)
+	}
+	return m
 }
 
 // current returns the count of window w and the window index it belongs to. A window
 // later than w (seen by a caller that read the clock a moment earlier) counts as current,
 // so a late caller adds to it instead of resetting it.
-func (e *entry) current(w, size uint32) (count, window uint32) {
+func (e *entry) current(w uint32, size int64) (count, window uint32) {
 	v := e.state.Load()
 	sw := uint32(v >> 32)
 	if sw == w || (int32(sw-w) > 0 && e.sizeMS.Load() == size) {
@@ -311,7 +355,7 @@ func (e *entry) current(w, size uint32) (count, window uint32) {
 
 // add adds n to the count of window w unless that would take it over maxOwn, and
 // returns the count and whether it added.
-func (e *entry) add(n, w uint32, end int64, size, maxOwn uint32) (uint32, bool) {
+func (e *entry) add(n, w uint32, end int64, size int64, maxOwn uint32) (uint32, bool) {
 	for {
 		old := e.state.Load()
 		sw := uint32(old >> 32)
