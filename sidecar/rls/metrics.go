@@ -17,6 +17,7 @@ import (
 type Metrics struct {
 	hits, within, near, over, shadow *prometheus.CounterVec
 	requests                         *prometheus.CounterVec
+	ok, overLimit, failed            prometheus.Counter
 	globalShadow                     prometheus.Counter
 	duration                         prometheus.Histogram
 	loads                            *prometheus.CounterVec
@@ -87,9 +88,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	}
 	reg.MustRegister(m.hits, m.within, m.near, m.over, m.shadow, m.requests, m.globalShadow, m.duration,
 		m.loads, m.lastLoad, m.rules, m.domains)
-	for _, r := range []string{resultOK, resultOverLimit, resultError} {
-		m.requests.WithLabelValues(r)
-	}
+	m.ok, m.overLimit, m.failed = m.requests.WithLabelValues(resultOK), m.requests.WithLabelValues(resultOverLimit), m.requests.WithLabelValues(resultError)
 	m.loads.WithLabelValues("success")
 	m.loads.WithLabelValues("error")
 	return m
@@ -158,6 +157,22 @@ func (lv *level) each(f func(*rule)) {
 		f(r)
 		r.children.each(f)
 	}
+}
+
+// Observe counts one request by its result and how long it took to decide.
+func (m *Metrics) Observe(over, failed bool, d time.Duration) {
+	if m == nil {
+		return
+	}
+	switch {
+	case failed:
+		m.failed.Inc()
+	case over:
+		m.overLimit.Inc()
+	default:
+		m.ok.Inc()
+	}
+	m.duration.Observe(d.Seconds())
 }
 
 func (m *Metrics) loaded(ok bool, at time.Time) {

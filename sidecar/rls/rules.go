@@ -21,6 +21,9 @@ type Rules struct {
 	files   []string
 	limits  []*Limit // every limit, in file order
 	rules   int
+	// dir and seen are the directory the rules were read from and its fingerprint just
+	// before, from which a Watcher sees it change.
+	dir, seen string
 }
 
 // Files returns the names of the files the rules came from, in the order they were read.
@@ -142,6 +145,7 @@ func ruleFiles(dir string) ([]candidate, error) {
 // LoadDir reads and checks every rule file of dir. The error is Problems: every problem
 // found, each naming its file and, where it can, the line and the key.
 func LoadDir(dir string) (*Rules, error) {
+	seen := fingerprint(dir) // before reading: a change while reading is seen next time
 	files, err := ruleFiles(dir)
 	if err != nil {
 		return nil, Problems{{File: dir, Msg: err.Error()}}
@@ -160,7 +164,12 @@ func LoadDir(dir string) (*Rules, error) {
 			specs = append(specs, spec)
 		}
 	}
-	return finish(specs, problems)
+	r, err := finish(specs, problems)
+	if err != nil {
+		return nil, err
+	}
+	r.dir, r.seen = dir, seen
+	return r, nil
 }
 
 // finish compiles the files' rules and returns them, or every problem found, by file.

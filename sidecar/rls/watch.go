@@ -33,20 +33,17 @@ type Watcher struct {
 	Dir      string
 	Interval time.Duration // how often the directory is looked at; 1 s when 0
 	Logger   *slog.Logger
-	last     string
 }
 
-// Load reads the directory as the watcher will see it change from: the rules, or every
-// problem of its files.
-func (w *Watcher) Load() (*Rules, error) {
-	w.last = fingerprint(w.Dir) // before reading: a change while reading is seen next time
-	return LoadDir(w.Dir)
-}
-
-// Run applies every valid change of the directory to s until ctx ends. A change that is
-// not valid (a file with a problem, or one read half-written) keeps the rules in use
-// whole, is logged with its problems and counted; the next change is tried again.
+// Run applies every valid change of the directory to s until ctx ends, starting from the
+// rules s has when they were loaded from the directory. A change that is not valid (a
+// file with a problem, or one read half-written) keeps the rules in use whole, is logged
+// with its problems and counted; the next change is tried again.
 func (w *Watcher) Run(ctx context.Context, s *Service) {
+	var last string
+	if r := s.Rules(); r != nil && r.dir == w.Dir {
+		last = r.seen
+	}
 	interval := w.Interval
 	if interval <= 0 {
 		interval = time.Second
@@ -64,10 +61,10 @@ func (w *Watcher) Run(ctx context.Context, s *Service) {
 		case <-t.C:
 		}
 		fp := fingerprint(w.Dir)
-		if fp == w.last {
+		if fp == last {
 			continue
 		}
-		w.last = fp
+		last = fp
 		rules, err := LoadDir(w.Dir)
 		if err != nil {
 			s.Loaded(false)

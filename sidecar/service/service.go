@@ -1,6 +1,6 @@
 // Package service assembles the sidecar from its configuration: the limiter, the tenant
-// directory, the gRPC services (ext_authz, Limiter, health, reflection) and the HTTP
-// operator endpoints, and runs them until stopped.
+// directory, the gRPC services (ext_authz, Envoy's rate limit service, Limiter, health,
+// reflection) and the HTTP endpoints, and runs them until stopped.
 package service
 
 import (
@@ -15,6 +15,7 @@ import (
 	"time"
 
 	authv3 "github.com/envoyproxy/go-control-plane/envoy/service/auth/v3"
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/health"
@@ -145,8 +146,11 @@ func Start(cfg *config.Config, o Options) (*Sidecar, error) {
 		return nil, err
 	}
 
+	rlsAPI := s.rateLimitService(ctx, cfg)
+
 	s.grpc = grpc.NewServer(GRPCServerOptions()...)
 	authv3.RegisterAuthorizationServer(s.grpc, az)
+	rlsv3.RegisterRateLimitServiceServer(s.grpc, rlsAPI)
 	limiterpb.RegisterLimiterServer(s.grpc, limitapi.New(s.Limiter, cfg, s.Metrics))
 	s.health = health.NewServer()
 	healthpb.RegisterHealthServer(s.grpc, s.health)
@@ -163,7 +167,7 @@ func Start(cfg *config.Config, o Options) (*Sidecar, error) {
 	}
 	s.GRPCAddr, s.HTTPAddr = gl.Addr(), hl.Addr()
 	s.http = &http.Server{
-		Handler:           ops.Handler(s.Metrics.Registry, s.readiness, s.debugCounter),
+		Handler:           withRLS(ops.Handler(s.Metrics.Registry, s.readiness, s.debugCounter), rlsAPI),
 		ReadHeaderTimeout: 5 * time.Second,
 		ReadTimeout:       10 * time.Second,
 		WriteTimeout:      30 * time.Second,
@@ -181,6 +185,8 @@ func Start(cfg *config.Config, o Options) (*Sidecar, error) {
 	})
 	s.health.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
 	s.health.SetServingStatus(authv3.Authorization_ServiceDesc.ServiceName, healthpb.HealthCheckResponse_SERVING)
+	s.health.SetServingStatus(rlsv3.RateLimitService_ServiceDesc.ServiceName, healthpb.HealthCheckResponse_SERVING)
+	s.health.SetServingStatus("ratelimit", healthpb.HealthCheckResponse_SERVING) // envoyproxy/ratelimit's name
 	s.health.SetServingStatus(limiterpb.Limiter_ServiceDesc.ServiceName, healthpb.HealthCheckResponse_SERVING)
 	s.serving.Store(true)
 	log.Info("sidecar started", "grpc", s.GRPCAddr.String(), "http", s.HTTPAddr.String(),
