@@ -191,8 +191,8 @@ descriptors:
 		{desc("tenant=t1", "api=tiles", "zoom=3"), "OK"},
 		{desc("api=tiles"), "OK"},
 		{desc("tenant=t2"), "OK"},
-		{desc("path=/api/v1/x"), "OK 10/SECOND rem=9 reset=1"},     // the first pattern listed
-		{desc("path=/api/"), "OK 10/SECOND rem=9 reset=1"},         // * matches nothing too
+		{desc("path=/api/v1/x"), "OK 10/SECOND rem=9 reset=1"},      // the first pattern listed
+		{desc("path=/api/"), "OK 10/SECOND rem=9 reset=1"},          // * matches nothing too
 		{desc("path=/api/v1/exact"), "OK 30/SECOND rem=29 reset=1"}, // exact before patterns
 		{desc("path=/other"), "OK 40/SECOND rem=39 reset=1"},        // the bare key
 		{desc("path="), "OK 40/SECOND rem=39 reset=1"},              // an empty value: the bare key
@@ -530,8 +530,8 @@ descriptors:
 	for i := range 3 {
 		tt.want(tt.ask("d", desc("job=j")), OK, fmt.Sprintf("OK 3/MINUTE rem=%d reset=60", 2-i))
 	}
-	tt.want(tt.ask("d", desc("job=j")), OverLimit, "OVER 3/MINUTE rem=0 reset=60") // 4 counted
-	tt.want(tt.ask("d", desc("job=j").refund(2)), OK, "OK 3/MINUTE rem=1 reset=60")   // 4 - 2
+	tt.want(tt.ask("d", desc("job=j")), OverLimit, "OVER 3/MINUTE rem=0 reset=60")  // 4 counted
+	tt.want(tt.ask("d", desc("job=j").refund(2)), OK, "OK 3/MINUTE rem=1 reset=60") // 4 - 2
 	tt.want(tt.ask("d", desc("job=j")), OK, "OK 3/MINUTE rem=0 reset=60")
 	// Never below nothing: a refund of 10 gives back the 3 counted.
 	tt.want(tt.ask("d", desc("job=j").refund(10)), OK, "OK 3/MINUTE rem=3 reset=60")
