@@ -43,14 +43,14 @@ import (
 
 // The contract between the bootstrap configs and the rest of the system (DESIGN.md §1, §7).
 const (
-	sidecarCluster     = "sidecar_authz"
-	coreCluster        = "core"
-	extAuthzFilter     = "envoy.filters.http.ext_authz"
-	rateLimitFilter    = "envoy.filters.http.ratelimit"
-	rlsCluster         = "sidecar_rls"
+	sidecarCluster  = "sidecar_authz"
+	coreCluster     = "core"
+	extAuthzFilter  = "envoy.filters.http.ext_authz"
+	rateLimitFilter = "envoy.filters.http.ratelimit"
+	rlsCluster      = "sidecar_rls"
 	// rulesDir holds the rate limit service's rules of the bootstraps with the global rate
 	// limit filter: rule files, not bootstraps.
-	rulesDir = "ratelimit"
+	rulesDir           = "ratelimit"
 	routerFilter       = "envoy.filters.http.router"
 	upstreamHTTPOptKey = "envoy.extensions.upstreams.http.v3.HttpProtocolOptions"
 )
