@@ -8,6 +8,7 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/converger/edge/bench/grpcload"
 	"github.com/converger/edge/bench/promscrape"
 	"github.com/converger/edge/bench/runinfo"
 )
@@ -22,10 +23,10 @@ type Report struct {
 	LoadStart, LoadEnd string
 	Setup              SetupInfo
 	// Phases are the measured phases in the order they ran.
-	Phases       []PhaseResult
+	Phases       []grpcload.PhaseResult
 	WarmupErrors int
 	// Sidecar and Noop are the medians over rounds.
-	Sidecar, Noop Summary
+	Sidecar, Noop grpcload.Summary
 	// ThroughputRatio and P99Ratio compare the medians; the Paired ratios are the medians
 	// of the per-round ratios.
 	ThroughputRatio, P99Ratio   float64
@@ -50,80 +51,20 @@ type SetupInfo struct {
 	Requests, Prologue, Bytes int
 }
 
-// Summary is one target's figures: medians over rounds of req/s, p50 and p99, and sums
-// of the counts.
-type Summary struct {
-	Target                             string
-	RPS                                float64
-	P50, P99                           time.Duration
-	TargetCPU, GenCPU                  time.Duration // per request
-	Requests, Errors, Denied, Rejected int
-	ByClass                            [numClasses]ClassCount
-}
-
 func (r *Report) summarize() {
-	sum := func(name string) Summary {
-		s := Summary{Target: name}
-		var rps, p50, p99, tcpu, gcpu []float64
-		for _, p := range r.Phases {
-			if p.Target != name {
-				continue
-			}
-			rps = append(rps, p.RPS)
-			p50 = append(p50, float64(p.P50))
-			p99 = append(p99, float64(p.P99))
-			tcpu = append(tcpu, float64(p.TargetCPU))
-			gcpu = append(gcpu, float64(p.GenCPU))
-			s.Requests += p.Requests
-			s.Errors += p.Errors
-			s.Denied += p.Denied
-			s.Rejected += p.Rejected
-			for c := range s.ByClass {
-				s.ByClass[c].Requests += p.ByClass[c].Requests
-				s.ByClass[c].Denied += p.ByClass[c].Denied
-			}
-		}
-		s.RPS, s.P50, s.P99 = Median(rps), time.Duration(Median(p50)), time.Duration(Median(p99))
-		s.TargetCPU, s.GenCPU = time.Duration(Median(tcpu)), time.Duration(Median(gcpu))
-		return s
-	}
-	r.Sidecar, r.Noop = sum("sidecar"), sum("no-op")
-	r.ThroughputRatio = ratio(r.Sidecar.RPS, r.Noop.RPS)
-	r.P99Ratio = ratio(float64(r.Sidecar.P99), float64(r.Noop.P99))
-	var thr, p99 []float64
-	for round := 1; round <= r.Config.Rounds; round++ {
-		var s, n *PhaseResult
-		for i := range r.Phases {
-			p := &r.Phases[i]
-			if p.Round == round && p.Target == "sidecar" {
-				s = p
-			} else if p.Round == round {
-				n = p
-			}
-		}
-		if s != nil && n != nil {
-			thr = append(thr, ratio(s.RPS, n.RPS))
-			p99 = append(p99, ratio(float64(s.P99), float64(n.P99)))
-		}
-	}
-	r.PairedThroughput, r.PairedP99 = Median(thr), Median(p99)
-	r.Pass = r.ThroughputRatio >= MinThroughputRatio && r.P99Ratio <= MaxP99Ratio &&
-		r.Sidecar.Errors == 0 && r.Noop.Errors == 0 && r.WarmupErrors == 0
+	c := grpcload.Compare(r.Phases, "sidecar", "no-op")
+	r.Sidecar, r.Noop = c.Target, c.Baseline
+	r.ThroughputRatio, r.P99Ratio = c.ThroughputRatio, c.P99Ratio
+	r.PairedThroughput, r.PairedP99 = c.PairedThroughput, c.PairedP99
+	r.Pass = c.Meets(MinThroughputRatio, MaxP99Ratio) && r.WarmupErrors == 0
 }
 
-func ratio(a, b float64) float64 {
-	if b == 0 {
-		return 0
-	}
-	return a / b
-}
-
-func pct(a, b int) float64 {
-	if b == 0 {
-		return 0
-	}
-	return 100 * float64(a) / float64(b)
-}
+var (
+	ratio   = grpcload.Ratio
+	pct     = grpcload.Pct
+	fmtCPU  = grpcload.FmtCPU
+	fmtLoad = grpcload.FmtLoad
+)
 
 // normalDeniedByKind lists the kinds of the normal keys that got a 429, e.g. " (3 client IP)".
 func (r *Report) normalDeniedByKind() string {
@@ -137,22 +78,6 @@ func (r *Report) normalDeniedByKind() string {
 		return ""
 	}
 	return ": " + strings.Join(parts, ", ")
-}
-
-// fmtLoad prints a load in CPUs, "?" when unknown.
-func fmtLoad(l float64) string {
-	if l < 0 {
-		return "?"
-	}
-	return fmt.Sprintf("%.2f", l)
-}
-
-// fmtCPU prints a CPU time per request, "?" when unknown.
-func fmtCPU(d time.Duration) string {
-	if d <= 0 {
-		return "?"
-	}
-	return fmt.Sprintf("%.1fµs", float64(d)/1e3)
 }
 
 // Command is the command line that reproduces the run.
@@ -195,7 +120,7 @@ func (r *Report) WriteText(w io.Writer) {
 			runinfo.Latency(p.P50), runinfo.Latency(p.P90), runinfo.Latency(p.P99), runinfo.Latency(p.P999), runinfo.Latency(p.Max), p.Errors, pct(p.Denied, p.Requests), pct(p.Rejected, p.Requests),
 			fmtCPU(p.TargetCPU), fmtCPU(p.GenCPU), fmtLoad(p.OtherLoad))
 	}
-	for _, s := range []Summary{r.Sidecar, r.Noop} {
+	for _, s := range []grpcload.Summary{r.Sidecar, r.Noop} {
 		fmt.Fprintf(tw, "median\t%s\t%d\t%.0f\t%s\t\t%s\t\t\t%d\t%.1f%%\t%.2f%%\t%s\t%s\t\t\n", s.Target, s.Requests, s.RPS,
 			runinfo.Latency(s.P50), runinfo.Latency(s.P99), s.Errors, pct(s.Denied, s.Requests), pct(s.Rejected, s.Requests), fmtCPU(s.TargetCPU), fmtCPU(s.GenCPU))
 	}
@@ -224,7 +149,7 @@ func (r *Report) Markdown() string {
 
 	b.WriteString("## Result (medians over rounds)\n\n")
 	b.WriteString("| target | requests | req/s | p50 | p99 | gRPC errors | 429 | rejected credentials | CPU per check | generator CPU per check |\n|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|\n")
-	for _, s := range []Summary{r.Sidecar, r.Noop} {
+	for _, s := range []grpcload.Summary{r.Sidecar, r.Noop} {
 		fmt.Fprintf(&b, "| %s | %d | %.0f | %s | %s | %d | %.1f%% | %.2f%% | %s | %s |\n", s.Target, s.Requests, s.RPS, runinfo.Latency(s.P50), runinfo.Latency(s.P99),
 			s.Errors, pct(s.Denied, s.Requests), pct(s.Rejected, s.Requests), fmtCPU(s.TargetCPU), fmtCPU(s.GenCPU))
 	}
@@ -263,7 +188,10 @@ func (r *Report) Markdown() string {
 	b.WriteString("\nMeasured requests by class, and the sidecar's 429s:\n\n| request | route | first bucket | share | 429 on the sidecar |\n|---|---|---|--:|--:|\n")
 	for c := range numClasses {
 		cl := classes[c]
-		cc := r.Sidecar.ByClass[c]
+		var cc grpcload.ClassCount
+		if int(c) < len(r.Sidecar.ByClass) {
+			cc = r.Sidecar.ByClass[c]
+		}
 		route, bucket := cl.Pattern, cl.Bucket
 		if route == "" {
 			route, bucket = "(not limited)", "—"

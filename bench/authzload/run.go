@@ -8,8 +8,10 @@ import (
 	"path/filepath"
 	"time"
 
+	"github.com/converger/edge/bench/grpcload"
 	"github.com/converger/edge/bench/procs"
 	"github.com/converger/edge/bench/promscrape"
+	"github.com/converger/edge/bench/rawcheck"
 	"github.com/converger/edge/bench/runinfo"
 	"github.com/converger/edge/core/migrations"
 	"github.com/converger/edge/shared/pgserver"
@@ -80,58 +82,26 @@ func Run(ctx context.Context, cfg Config, stdout, stderr io.Writer) (rep *Report
 		return nil, err
 	}
 	defer noop.Stop()
-	sidecar := &target{name: "sidecar", addr: scAddr, proc: sc, deniedKeys: make([]bool, len(pop.Keys))}
-	noopT := &target{name: "no-op", addr: noopAddr, proc: noop, deniedKeys: make([]bool, len(pop.Keys))}
-	for _, t := range []*target{sidecar, noopT} {
-		defer t.close()
-		if err := t.dial(ctx, cfg.Conns); err != nil {
+	sidecar := grpcload.NewTarget("sidecar", scAddr, sc, len(pop.Keys))
+	noopT := grpcload.NewTarget("no-op", noopAddr, noop, len(pop.Keys))
+	for _, t := range []*grpcload.Target{sidecar, noopT} {
+		defer t.Close()
+		if err := t.Dial(ctx, cfg.Conns); err != nil {
 			return nil, err
 		}
 	}
 	logf("sidecar %s (%s) and no-op server %s ready; %d rounds of %v warm-up + %v measured per target",
 		scAddr, sidecarBin, noopAddr, cfg.Rounds, cfg.Warmup, cfg.Duration)
 
-	r := newRunner(mix, cfg.Concurrency, cfg.MaxRequests)
-	for round := 1; round <= cfg.Rounds; round++ {
-		order := []*target{sidecar, noopT}
-		if round%2 == 0 {
-			order[0], order[1] = order[1], order[0]
-		}
-		for _, t := range order {
-			if cfg.Warmup > 0 {
-				w := r.phase(ctx, t, cfg.Warmup, false)
-				// The first warm-up goes on until the prologue, every key once, has been
-				// sent, so that the sidecar's caches hold every key before measuring.
-				for limit := time.Now().Add(time.Minute); t.sent.Load() < uint64(mix.Prologue) && time.Now().Before(limit) && ctx.Err() == nil; {
-					more := r.phase(ctx, t, cfg.Warmup/4+10*time.Millisecond, false)
-					w.Errors += more.Errors
-					if w.FirstErr == "" {
-						w.FirstErr = more.FirstErr
-					}
-				}
-				rep.WarmupErrors += w.Errors
-				if w.Errors > 0 {
-					logf("round %d %s warm-up: %d gRPC errors, first: %s", round, t.name, w.Errors, w.FirstErr)
-				}
-			}
-			if err := phaseErr(ctx, t); err != nil {
-				return nil, err
-			}
-			res := r.phase(ctx, t, cfg.Duration, true)
-			if err := phaseErr(ctx, t); err != nil {
-				return nil, err
-			}
-			res.Round = round
-			rep.Phases = append(rep.Phases, res)
-			logf("round %d %-7s %8.0f req/s  p50 %v  p99 %v  errors %d  429 %.1f%%  CPU/req %s (generator %s)",
-				round, t.name, res.RPS, runinfo.Latency(res.P50), runinfo.Latency(res.P99), res.Errors, pct(res.Denied, res.Requests), fmtCPU(res.TargetCPU), fmtCPU(res.GenCPU))
-			if res.Errors > 0 {
-				logf("round %d %s: first gRPC error: %s", round, t.name, res.FirstErr)
-			}
-		}
+	r := grpcload.NewRunner(workload{mix}, cfg.Concurrency, cfg.MaxRequests)
+	rep.Phases, rep.WarmupErrors, err = r.RunRounds(ctx, []*grpcload.Target{sidecar, noopT}, grpcload.Rounds{
+		Rounds: cfg.Rounds, Warmup: cfg.Warmup, Duration: cfg.Duration, Prologue: mix.Prologue, Logf: logf,
+	})
+	if err != nil {
+		return nil, err
 	}
 	rep.LoadEnd = runinfo.LoadAvg()
-	for k, d := range sidecar.deniedKeys {
+	for k, d := range sidecar.DeniedKeys {
 		if !d {
 			continue
 		}
@@ -143,7 +113,7 @@ func Run(ctx context.Context, cfg Config, stdout, stderr io.Writer) (rep *Report
 			rep.DeniedByKind[pop.Keys[k].Kind][0]++
 		}
 	}
-	rep.SentSidecar, rep.SentNoop = sidecar.sent.Load(), noopT.sent.Load()
+	rep.SentSidecar, rep.SentNoop = sidecar.Sent.Load(), noopT.Sent.Load()
 	rep.Counters, _ = promscrape.Scrape(ctx, "http://"+scHTTP+"/metrics", counterPrefixes) // none when it cannot
 	rep.summarize()
 
@@ -161,13 +131,14 @@ func Run(ctx context.Context, cfg Config, stdout, stderr io.Writer) (rep *Report
 	return rep, nil
 }
 
-// phaseErr reports an interruption or a target that died.
-func phaseErr(ctx context.Context, t *target) error {
-	if err := ctx.Err(); err != nil {
-		return fmt.Errorf("interrupted: %w", err)
-	}
-	return t.proc.Exited()
-}
+// workload is the mix as the load generator sends it.
+type workload struct{ *Mix }
+
+func (workload) Method() string           { return rawcheck.Method }
+func (w workload) Class(pos int) int      { return int(w.Mix.Class(pos)) }
+func (workload) Classes() int             { return int(numClasses) }
+func (w workload) Keys() int              { return len(w.Pop.Keys) }
+func (workload) NewReply() grpcload.Reply { return new(rawcheck.Reply) }
 
 // counterPrefixes are the sidecar metrics the report shows.
 var counterPrefixes = []string{
