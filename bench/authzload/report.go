@@ -227,7 +227,7 @@ func (r *Report) Markdown() string {
 
 - Both targets are separate processes on loopback, started by the load test: `+"`bin/sidecar`"+` with a throwaway
   PostgreSQL (seeded with COPY), TOKEN_VERIFY_KEYS, TRUSTED_PROXIES=%s and LOG_LEVEL=warn; and
-  `+"`bin/bench noop-authz`"+`, a gRPC server with the sidecar's server options whose Check returns OK.
+  `+"`bin/bench noop`"+`, a gRPC server with the sidecar's server options whose Check returns OK.
 - Requests are built and marshaled before measuring, as Envoy sends them (source = the load balancer,
   client in x-forwarded-for, lower-case headers with the credential, x-request-id, user-agent,
   content-type), and sent as they are, so the generator does the same work for both targets.

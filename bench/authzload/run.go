@@ -72,12 +72,15 @@ func Run(ctx context.Context, cfg Config, stdout, stderr io.Writer) (rep *Report
 		rep.Setup.Seed.Round(time.Millisecond), mix.Len(), float64(mix.Size())/1e6, rep.Setup.Mix.Round(time.Millisecond))
 
 	// The two targets, each a separate process.
-	sc, scAddr, scHTTP, err := startSidecar(ctx, sidecarBin, pg.URL(), pop.TokenVerifyKey, stderr)
+	sc, scAddr, scHTTP, err := procs.StartSidecar(ctx, sidecarBin, []string{
+		"DATABASE_URL=" + pg.URL(), "TOKEN_VERIFY_KEYS=" + pop.TokenVerifyKey, "TRUSTED_PROXIES=" + TrustedProxies,
+		"LOG_LEVEL=warn", "LOG_FORMAT=text",
+	}, stderr)
 	if err != nil {
 		return nil, err
 	}
 	defer sc.Stop()
-	noop, noopAddr, err := startNoop(ctx, stderr)
+	noop, noopAddr, err := procs.StartNoop(ctx, stderr)
 	if err != nil {
 		return nil, err
 	}

@@ -14,8 +14,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/converger/edge/bench/grpcload"
 	"github.com/converger/edge/bench/cputime"
+	"github.com/converger/edge/bench/grpcload"
 )
 
 // Target names.

@@ -53,4 +53,3 @@ func TestMedian(t *testing.T) {
 		}
 	}
 }
-

@@ -16,7 +16,7 @@ import (
 	"github.com/converger/edge/bench/authzload"
 	"github.com/converger/edge/bench/clusterload"
 	"github.com/converger/edge/bench/coreload"
-	"github.com/converger/edge/bench/noopauthz"
+	"github.com/converger/edge/bench/noop"
 )
 
 // command is a subcommand: run parses its arguments and returns the exit status.
@@ -30,7 +30,7 @@ var commands = []command{
 	{"authz", "load-test the sidecar's ext_authz Check against a no-op server (throughput, p50, p99, ratios)", runAuthz},
 	{"cluster", "sidecar clusters: allowed per window against the limit, and sync traffic, by cluster size, sync interval and share mode", runCluster},
 	{"core", "activity POSTs through the core against pgx inserting the same rows directly (throughput, p50, p99, ratios)", runCore},
-	{"noop-authz", "serve an Authorization/Check that allows everything (started by authz)", runNoopAuthz},
+	{"noop", "serve an Authorization/Check that allows everything and a RateLimitService/ShouldRateLimit that answers OK (started by authz and rls)", runNoop},
 }
 
 func main() {
@@ -162,13 +162,13 @@ func runCore(ctx context.Context, name string, args []string) int {
 	})
 }
 
-func runNoopAuthz(ctx context.Context, name string, args []string) int {
+func runNoop(ctx context.Context, name string, args []string) int {
 	fs := flag.NewFlagSet("bench "+name, flag.ContinueOnError)
 	addr := fs.String("addr", "127.0.0.1:0", "listen address; port 0 picks a free one, printed on stdout")
 	if code, done := parse(fs, args); done {
 		return code
 	}
-	err := noopauthz.Serve(ctx, *addr, func(a net.Addr) { fmt.Println(a.String()) })
+	err := noop.Serve(ctx, *addr, func(a net.Addr) { fmt.Println(a.String()) })
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "bench %s: %v\n", name, err)
 		return 1
