@@ -17,6 +17,7 @@ import (
 	"github.com/converger/edge/bench/clusterload"
 	"github.com/converger/edge/bench/coreload"
 	"github.com/converger/edge/bench/noop"
+	"github.com/converger/edge/bench/rlsload"
 )
 
 // command is a subcommand: run parses its arguments and returns the exit status.
@@ -30,6 +31,7 @@ var commands = []command{
 	{"authz", "load-test the sidecar's ext_authz Check against a no-op server (throughput, p50, p99, ratios)", runAuthz},
 	{"cluster", "sidecar clusters: allowed per window against the limit, and sync traffic, by cluster size, sync interval and share mode", runCluster},
 	{"core", "activity POSTs through the core against pgx inserting the same rows directly (throughput, p50, p99, ratios)", runCore},
+	{"rls", "load-test the sidecar's rate limit service (ShouldRateLimit) against a no-op server: hot key, many keys, keys over limit", runRLS},
 	{"noop", "serve an Authorization/Check that allows everything and a RateLimitService/ShouldRateLimit that answers OK (started by authz and rls)", runNoop},
 }
 
@@ -157,6 +159,21 @@ func runCore(ctx context.Context, name string, args []string) int {
 		},
 		run: func(ctx context.Context) (bool, error) {
 			rep, err := coreload.Run(ctx, cfg, os.Stdout, os.Stderr)
+			return err == nil && cfg.Strict && !rep.Pass, err
+		},
+	})
+}
+
+func runRLS(ctx context.Context, name string, args []string) int {
+	cfg := rlsload.DefaultConfig()
+	return runLoad(ctx, name, args, loadTest{
+		flags: cfg.RegisterFlags,
+		validate: func(_ *flag.FlagSet, args []string) error {
+			cfg.Args = args
+			return cfg.Validate()
+		},
+		run: func(ctx context.Context) (bool, error) {
+			rep, err := rlsload.Run(ctx, cfg, os.Stdout, os.Stderr)
 			return err == nil && cfg.Strict && !rep.Pass, err
 		},
 	})

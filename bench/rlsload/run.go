@@ -1,0 +1,112 @@
+package rlsload
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/converger/edge/bench/grpcload"
+	"github.com/converger/edge/bench/procs"
+	"github.com/converger/edge/bench/promscrape"
+	"github.com/converger/edge/bench/runinfo"
+)
+
+// Run runs the load test: the sidecar (with Rules in a temporary RLS_CONFIG_DIR) and the
+// no-op server, each scenario's alternating rounds, the report on stdout and in cfg.Out.
+// Progress goes to stderr. Every process it starts is stopped before it returns, also on
+// error and when ctx ends (Ctrl-C).
+func Run(ctx context.Context, cfg Config, stdout, stderr io.Writer) (*Report, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	logf := func(format string, args ...any) { fmt.Fprintf(stderr, "bench rls: "+format+"\n", args...) }
+	root := procs.RepoRoot()
+	bin, err := procs.FindSidecar(root, cfg.Sidecar)
+	if err != nil {
+		return nil, err
+	}
+	rep := &Report{Config: cfg, Started: time.Now(), Machine: runinfo.Describe(ctx), LoadStart: runinfo.LoadAvg()}
+
+	dir, err := os.MkdirTemp("", "bench-rls-")
+	if err != nil {
+		return nil, err
+	}
+	defer os.RemoveAll(dir)
+	if err := os.WriteFile(filepath.Join(dir, "bench.yaml"), []byte(Rules), 0o644); err != nil {
+		return nil, err
+	}
+	sc, scAddr, scHTTP, err := procs.StartSidecar(ctx, bin, []string{"RLS_CONFIG_DIR=" + dir, "LOG_LEVEL=warn", "LOG_FORMAT=text"}, stderr)
+	if err != nil {
+		return nil, err
+	}
+	defer sc.Stop()
+	noop, noopAddr, err := procs.StartNoop(ctx, stderr)
+	if err != nil {
+		return nil, err
+	}
+	defer noop.Stop()
+	logf("sidecar %s (%s) and no-op server %s ready; per scenario %d rounds of %v warm-up + %v measured per target",
+		scAddr, bin, noopAddr, cfg.Rounds, cfg.Warmup, cfg.Duration)
+
+	for _, s := range scenarios {
+		n := map[string]int{"hot": 1, "keys": cfg.Keys, "over": cfg.OverKeys}[s.Name]
+		w, err := BuildWorkload(s.Name, n, cfg.Seed)
+		if err != nil {
+			return nil, err
+		}
+		res, err := runScenario(ctx, cfg, w, s, scAddr, sc, noopAddr, noop, logf)
+		if err != nil {
+			return nil, err
+		}
+		rep.Scenarios = append(rep.Scenarios, res)
+	}
+	rep.LoadEnd = runinfo.LoadAvg()
+	rep.Counters, _ = promscrape.Scrape(ctx, "http://"+scHTTP+"/metrics", []string{"converger_rls_requests_total{", "converger_rls_hits_total{", "converger_rls_over_limit_total{"})
+	rep.summarize()
+
+	rep.WriteText(stdout)
+	if cfg.Out != "" {
+		out := procs.OutPath(root, cfg.Out)
+		if err := os.MkdirAll(filepath.Dir(out), 0o755); err != nil {
+			return rep, err
+		}
+		if err := os.WriteFile(out, []byte(rep.Markdown()), 0o644); err != nil {
+			return rep, err
+		}
+		logf("report written to %s", out)
+	}
+	return rep, nil
+}
+
+func runScenario(ctx context.Context, cfg Config, w *Workload, s scenario, scAddr string, sc *procs.Proc, noopAddr string, noop *procs.Proc,
+	logf func(string, ...any)) (ScenarioResult, error) {
+	sidecar := grpcload.NewTarget("sidecar", scAddr, sc, w.Keys())
+	noopT := grpcload.NewTarget("no-op", noopAddr, noop, w.Keys())
+	for _, t := range []*grpcload.Target{sidecar, noopT} {
+		defer t.Close()
+		if err := t.Dial(ctx, cfg.Conns); err != nil {
+			return ScenarioResult{}, err
+		}
+	}
+	logf("scenario %s: %s; %d keys, %d requests", s.Name, s.Summary, w.Keys(), w.Len())
+	r := grpcload.NewRunner(w, cfg.Concurrency, cfg.MaxRequests)
+	phases, warmupErrors, err := r.RunRounds(ctx, []*grpcload.Target{sidecar, noopT}, grpcload.Rounds{
+		Rounds: cfg.Rounds, Warmup: cfg.Warmup, Duration: cfg.Duration, Prologue: w.Prologue,
+		Logf: func(format string, args ...any) { logf(s.Name+": "+format, args...) },
+	})
+	if err != nil {
+		return ScenarioResult{}, err
+	}
+	res := ScenarioResult{Name: s.Name, Summary: s.Summary, Keys: w.Keys(), Phases: phases, WarmupErrors: warmupErrors,
+		Comparison: grpcload.Compare(phases, "sidecar", "no-op")}
+	for _, d := range sidecar.DeniedKeys {
+		if d {
+			res.KeysDenied++
+		}
+	}
+	res.Pass = res.Comparison.Meets(MinThroughputRatio, MaxP99Ratio) && warmupErrors == 0
+	return res, nil
+}
