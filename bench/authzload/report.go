@@ -86,20 +86,9 @@ func (r *Report) Command() string { return runinfo.Command("authz", r.Config.Arg
 // flagRows lists the flags and their values.
 func (r *Report) flagRows() [][2]string {
 	c := r.Config
-	return [][2]string{
-		{"-sidecar", c.Sidecar},
-		{"-keys", fmt.Sprint(c.Keys)},
-		{"-over", fmt.Sprint(c.Over)},
-		{"-concurrency", fmt.Sprint(c.Concurrency)},
-		{"-conns", fmt.Sprint(c.Conns)},
-		{"-warmup", c.Warmup.String()},
-		{"-duration", c.Duration.String()},
-		{"-rounds", fmt.Sprint(c.Rounds)},
-		{"-max-requests", fmt.Sprint(c.MaxRequests)},
-		{"-seed", fmt.Sprint(c.Seed)},
-		{"-out", c.Out},
-		{"-strict", fmt.Sprint(c.Strict)},
-	}
+	rows := [][2]string{{"-sidecar", c.Sidecar}, {"-keys", fmt.Sprint(c.Keys)}, {"-over", fmt.Sprint(c.Over)}}
+	rows = append(rows, c.Loop.Flags()...)
+	return append(rows, [][2]string{{"-seed", fmt.Sprint(c.Seed)}, {"-out", c.Out}, {"-strict", fmt.Sprint(c.Strict)}}...)
 }
 
 // WriteText prints the report's tables.

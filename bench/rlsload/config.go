@@ -9,6 +9,8 @@ import (
 	"flag"
 	"fmt"
 	"time"
+
+	"github.com/converger/edge/bench/grpcload"
 )
 
 // The targets the sidecar must meet in every scenario, relative to the no-op server.
@@ -19,35 +21,27 @@ const (
 
 // Config is the load test's configuration, one field per flag.
 type Config struct {
-	Sidecar     string // the sidecar binary
-	Keys        int    // client addresses of the many-keys scenario
-	OverKeys    int    // client addresses of the over-limit scenario
-	Concurrency int
-	Conns       int
-	Warmup      time.Duration
-	Duration    time.Duration
-	Rounds      int
-	MaxRequests int
-	Seed        uint64
-	Out         string
-	Strict      bool
-	Args        []string
+	Sidecar       string // the sidecar binary
+	Keys          int    // client addresses of the many-keys scenario
+	OverKeys      int    // client addresses of the over-limit scenario
+	grpcload.Loop        // per scenario
+	Seed          uint64 // of the order of the keys
+	Out           string // markdown report; "" writes none
+	Strict        bool   // exit 1 when a target is missed
+	// Args are the command-line arguments, for the report's command that reproduces the run.
+	Args []string
 }
 
 // DefaultConfig returns the defaults of the flags.
 func DefaultConfig() Config {
 	return Config{
-		Sidecar:     "bin/sidecar",
-		Keys:        10_000,
-		OverKeys:    1_000,
-		Concurrency: 32,
-		Conns:       4,
-		Warmup:      time.Second,
-		Duration:    3 * time.Second,
-		Rounds:      3,
-		MaxRequests: 2_000_000,
-		Seed:        1,
-		Out:         "bench/results/rls.md",
+		Sidecar:  "bin/sidecar",
+		Keys:     10_000,
+		OverKeys: 1_000,
+		Loop: grpcload.Loop{Concurrency: 32, Conns: 4, Warmup: time.Second, Duration: 3 * time.Second,
+			Rounds: 3, MaxRequests: 2_000_000},
+		Seed: 1,
+		Out:  "bench/results/rls.md",
 	}
 }
 
@@ -56,12 +50,7 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.StringVar(&c.Sidecar, "sidecar", c.Sidecar, "sidecar binary (relative paths: from the repository root, else the working directory)")
 	fs.IntVar(&c.Keys, "keys", c.Keys, "client addresses of the many-keys scenario")
 	fs.IntVar(&c.OverKeys, "over-keys", c.OverKeys, "client addresses of the over-limit scenario, each over its limit after its first request")
-	fs.IntVar(&c.Concurrency, "concurrency", c.Concurrency, "requests in flight per target (closed loop)")
-	fs.IntVar(&c.Conns, "conns", c.Conns, "gRPC connections per target, used round robin")
-	fs.DurationVar(&c.Warmup, "warmup", c.Warmup, "unmeasured warm-up per target, scenario and round")
-	fs.DurationVar(&c.Duration, "duration", c.Duration, "measured phase per target, scenario and round")
-	fs.IntVar(&c.Rounds, "rounds", c.Rounds, "rounds per scenario; each runs both targets, in alternating order")
-	fs.IntVar(&c.MaxRequests, "max-requests", c.MaxRequests, "at most this many requests per measured phase")
+	c.Loop.RegisterFlags(fs) // per scenario
 	fs.Uint64Var(&c.Seed, "seed", c.Seed, "seed of the order of the keys")
 	fs.StringVar(&c.Out, "out", c.Out, "markdown report (relative paths: from the repository root); empty: none")
 	fs.BoolVar(&c.Strict, "strict", c.Strict, fmt.Sprintf("exit 1 when the sidecar misses a target in a scenario (throughput ≥ %.2f×, p99 ≤ %.2f× the no-op's)", MinThroughputRatio, MaxP99Ratio))
@@ -81,12 +70,7 @@ func (c Config) Validate() error {
 	check(c.Sidecar != "", "-sidecar: required")
 	check(c.Keys >= 1 && c.Keys <= 1_000_000, "-keys %d: must be from 1 to 1000000", c.Keys)
 	check(c.OverKeys >= 1 && c.OverKeys <= 1_000_000, "-over-keys %d: must be from 1 to 1000000", c.OverKeys)
-	check(c.Concurrency >= 1 && c.Concurrency <= 4096, "-concurrency %d: must be from 1 to 4096", c.Concurrency)
-	check(c.Conns >= 1 && c.Conns <= 256, "-conns %d: must be from 1 to 256", c.Conns)
-	check(c.Warmup >= 0, "-warmup %v: must not be negative", c.Warmup)
-	check(c.Duration >= 100*time.Millisecond, "-duration %v: must be at least 100ms", c.Duration)
-	check(c.Rounds >= 1 && c.Rounds <= 100, "-rounds %d: must be from 1 to 100", c.Rounds)
-	check(c.MaxRequests >= c.Concurrency && c.MaxRequests <= 100_000_000, "-max-requests %d: must be from -concurrency to 100000000", c.MaxRequests)
+	errs = append(errs, c.Loop.Check()...)
 	if total := time.Duration(len(scenarios)*c.Rounds) * 2 * (c.Warmup + c.Duration); total > maxRun {
 		errs = append(errs, fmt.Errorf("3 scenarios × -rounds × 2 × (-warmup + -duration) = %v: at most %v", total, maxRun))
 	}
