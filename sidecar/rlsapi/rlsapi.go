@@ -124,46 +124,69 @@ func convert(req *rlsv3.RateLimitRequest, sc *scratch) {
 	}
 }
 
-// response builds the RateLimitResponse of a decision: its statuses, their limits and
-// durations each in one allocation.
+// smallN is the number of descriptors up to which a response is one allocation: Envoy
+// sends one per rate_limits entry of a route, most often one or two.
+const smallN = 2
+
+// small is a whole response of up to smallN statuses, allocated at once.
+type small struct {
+	resp     rlsv3.RateLimitResponse
+	ptrs     [smallN]*rlsv3.RateLimitResponse_DescriptorStatus
+	statuses [smallN]statusParts
+}
+
+// headers are the response headers, allocated at once.
+type headers struct {
+	values [3]corev3.HeaderValue
+	ptrs   [3]*corev3.HeaderValue
+}
+
+// statusParts are a DescriptorStatus and what it points to.
+type statusParts struct {
+	st  rlsv3.RateLimitResponse_DescriptorStatus
+	lim rlsv3.RateLimitResponse_RateLimit
+	dur durationpb.Duration
+}
+
+// response builds the RateLimitResponse of a decision: in one allocation for up to smallN
+// descriptors, in three for more; the response headers take one more, and their values.
 func response(d *rls.Response) *rlsv3.RateLimitResponse {
-	n, limited := len(d.Statuses), 0
-	for i := range d.Statuses {
-		if d.Statuses[i].HasLimit {
-			limited++
-		}
+	n := len(d.Statuses)
+	var out *rlsv3.RateLimitResponse
+	var parts []statusParts
+	if n <= smallN {
+		sm := new(small)
+		out, parts = &sm.resp, sm.statuses[:n]
+		out.Statuses = sm.ptrs[:n]
+	} else {
+		out, parts = new(rlsv3.RateLimitResponse), make([]statusParts, n)
+		out.Statuses = make([]*rlsv3.RateLimitResponse_DescriptorStatus, n)
 	}
-	statuses := make([]rlsv3.RateLimitResponse_DescriptorStatus, n)
-	limits := make([]rlsv3.RateLimitResponse_RateLimit, limited)
-	durations := make([]durationpb.Duration, limited)
-	out := &rlsv3.RateLimitResponse{
-		OverallCode: rlsv3.RateLimitResponse_Code(d.Code),
-		Statuses:    make([]*rlsv3.RateLimitResponse_DescriptorStatus, n),
-	}
-	k := 0
+	out.OverallCode = rlsv3.RateLimitResponse_Code(d.Code)
 	for i := range d.Statuses {
-		st, ps := &d.Statuses[i], &statuses[i]
-		ps.Code = rlsv3.RateLimitResponse_Code(st.Code)
-		ps.LimitRemaining = st.Remaining
+		st, p := &d.Statuses[i], &parts[i]
+		p.st.Code = rlsv3.RateLimitResponse_Code(st.Code)
+		p.st.LimitRemaining = st.Remaining
 		if st.HasLimit {
-			l := &limits[k]
+			l := &p.lim
 			l.RequestsPerUnit, l.Unit, l.Name = st.Limit.PerUnit, rlsv3.RateLimitResponse_RateLimit_Unit(st.Limit.Unit), st.Limit.Name
 			if st.Limit.Multiplier != 0 {
 				l.UnitMultiplier = wrapperspb.UInt32(st.Limit.Multiplier)
 			}
-			durations[k].Seconds = st.Reset
-			ps.CurrentLimit, ps.DurationUntilReset = l, &durations[k]
-			k++
+			p.dur.Seconds = st.Reset
+			p.st.CurrentLimit, p.st.DurationUntilReset = l, &p.dur
 		}
-		out.Statuses[i] = ps
+		out.Statuses[i] = &p.st
 	}
 	if d.Header >= 0 {
-		st := &d.Statuses[d.Header]
-		out.ResponseHeadersToAdd = []*corev3.HeaderValue{
-			{Key: HeaderLimit, Value: strconv.FormatUint(uint64(st.Limit.PerUnit), 10)},
-			{Key: HeaderRemaining, Value: strconv.FormatUint(uint64(st.Remaining), 10)},
-			{Key: HeaderReset, Value: strconv.FormatInt(st.Reset, 10)},
+		st, h := &d.Statuses[d.Header], new(headers)
+		h.values[0] = corev3.HeaderValue{Key: HeaderLimit, Value: strconv.FormatUint(uint64(st.Limit.PerUnit), 10)}
+		h.values[1] = corev3.HeaderValue{Key: HeaderRemaining, Value: strconv.FormatUint(uint64(st.Remaining), 10)}
+		h.values[2] = corev3.HeaderValue{Key: HeaderReset, Value: strconv.FormatInt(st.Reset, 10)}
+		for i := range h.values {
+			h.ptrs[i] = &h.values[i]
 		}
+		out.ResponseHeadersToAdd = h.ptrs[:]
 	}
 	return out
 }
