@@ -23,7 +23,7 @@ func (d *domain) match(entries []Entry) *rule {
 		if i == len(entries)-1 {
 			return r
 		}
-		if len(r.children.exact) == 0 && len(r.children.bare) == 0 {
+		if len(r.children.byKey) == 0 {
 			return nil // more entries than the rule path
 		}
 		lv = &r.children
@@ -32,17 +32,21 @@ func (d *domain) match(entries []Entry) *rule {
 }
 
 func (lv *level) find(e Entry) *rule {
-	if e.Value != "" {
-		if r := lv.exact[pair{e.Key, e.Value}]; r != nil {
+	kr := lv.byKey[e.Key]
+	if kr == nil {
+		return nil
+	}
+	if e.Value != "" && len(kr.exact) > 0 {
+		if r := kr.exact[e.Value]; r != nil {
 			return r
 		}
 	}
-	for _, r := range lv.wild {
-		if r.key == e.Key && wildcardMatch(r.value, e.Value) {
+	for _, r := range kr.wild {
+		if wildcardMatch(r.value, e.Value) {
 			return r
 		}
 	}
-	return lv.bare[e.Key]
+	return kr.bare
 }
 
 // wildcardMatch reports whether s matches pattern, in which every '*' stands for any run

@@ -51,15 +51,28 @@ type domain struct {
 	override *stats
 }
 
-// level is the rules one level down from a node (or from the domain).
+// level is the rules one level down from a node (or from the domain), by key.
 type level struct {
-	exact map[pair]*rule   // by key and value; wildcard values are there as written too
-	bare  map[string]*rule // by key, the rules without a value
-	wild  []*rule          // rules whose value holds a '*', in file order
-	all   []*rule          // every rule, in file order
+	byKey map[string]*keyRules
+	all   []*rule // every rule, in file order
 }
 
-type pair struct{ key, value string }
+// keyRules are a level's rules of one key.
+type keyRules struct {
+	exact map[string]*rule // by value; wildcard values are there as written too
+	wild  []*rule          // the rules whose value holds a '*', in file order
+	bare  *rule            // the rule without a value
+}
+
+// key returns the rules of a key, created when needed.
+func (lv *level) key(k string) *keyRules {
+	kr := lv.byKey[k]
+	if kr == nil {
+		kr = &keyRules{exact: map[string]*rule{}}
+		lv.byKey[k] = kr
+	}
+	return kr
+}
 
 // rule is one descriptor of a rule file.
 type rule struct {
@@ -250,7 +263,7 @@ func compile(specs []*fileSpec) (*Rules, Problems) {
 	return c.r, c.problems
 }
 
-func newLevel() level { return level{exact: map[pair]*rule{}, bare: map[string]*rule{}} }
+func newLevel() level { return level{byKey: map[string]*keyRules{}} }
 
 func (c *compiler) level(lv *level, specs []*descSpec, parent string, share []string, depth int) {
 	for _, d := range specs {
@@ -263,10 +276,9 @@ func (c *compiler) level(lv *level, specs []*descSpec, parent string, share []st
 			final += "_" + d.value
 		}
 		stat := parent + final
-		p := pair{d.key, d.value}
-		_, dupExact := lv.exact[p]
-		_, dupBare := lv.bare[d.key]
-		if (d.value != "" && dupExact) || (d.value == "" && dupBare) {
+		kr := lv.key(d.key)
+		_, dupExact := kr.exact[d.value]
+		if (d.value != "" && dupExact) || (d.value == "" && kr.bare != nil) {
 			c.fail(d.keyLine, d.path, "duplicate descriptor composite key '%s'", stat)
 			continue
 		}
@@ -294,11 +306,11 @@ func (c *compiler) level(lv *level, specs []*descSpec, parent string, share []st
 		c.level(&r.children, d.children, stat+".", s, depth+1)
 		lv.all = append(lv.all, r)
 		if d.value == "" {
-			lv.bare[d.key] = r
+			kr.bare = r
 		} else {
-			lv.exact[p] = r
+			kr.exact[d.value] = r
 			if wildcard {
-				lv.wild = append(lv.wild, r)
+				kr.wild = append(kr.wild, r)
 			}
 		}
 	}
