@@ -47,15 +47,19 @@ func appendID(b []byte, domain string, entries []Entry, share []string, seconds 
 // appendEscaped appends s with the separators of ids (|, =) and % percent-encoded.
 func appendEscaped(b []byte, s string) []byte {
 	const hexDigits = "0123456789ABCDEF"
-	for i := 0; i < len(s); i++ {
-		switch c := s[i]; c {
-		case '%', '|', '=':
-			b = append(b, '%', hexDigits[c>>4], hexDigits[c&15])
-		default:
-			b = append(b, c)
+	for {
+		i := 0
+		for i < len(s) && s[i] != '%' && s[i] != '|' && s[i] != '=' {
+			i++
 		}
+		b = append(b, s[:i]...)
+		if i == len(s) {
+			return b
+		}
+		c := s[i]
+		b = append(b, '%', hexDigits[c>>4], hexDigits[c&15])
+		s = s[i+1:]
 	}
-	return b
 }
 
 // bytesString is a string over b's bytes without a copy. The limiter keeps no
