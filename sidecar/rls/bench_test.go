@@ -72,9 +72,15 @@ func BenchmarkDecide(b *testing.B) {
 	}
 }
 
-// The decision allocates nothing once its Response is warm.
+// The decision allocates nothing once its Response is warm, whatever the rules use.
 func TestDecideDoesNotAllocate(t *testing.T) {
-	rules, err := ParseFiles(map[string]string{"edge.yaml": benchRules})
+	rules, err := ParseFiles(map[string]string{"edge.yaml": benchRules + `  - key: careful
+    count_denied: false
+    allow_refunds: true
+    rate_limit: {unit: minute, requests_per_unit: 1000000000, name: c}
+  - key: promo
+    rate_limit: {unit: minute, requests_per_unit: 5, replaces: [{name: c}]}
+`})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -84,6 +90,9 @@ func TestDecideDoesNotAllocate(t *testing.T) {
 		{Entries: []Entry{{"path", "/api/x"}, {"remote_address", "192.0.2.1"}}},
 		{Entries: []Entry{{"api_key", "k"}}},
 		{Entries: []Entry{{"generic_key", "healthcheck"}}},
+		{Entries: []Entry{{"careful", "x"}}},
+		{Entries: []Entry{{"careful", "y"}}, Refund: true, HasHits: true, Hits: 1},
+		{Entries: []Entry{{"careful", "z"}}, HasOverride: true, Override: Override{PerUnit: 5, Unit: Hour}},
 	}}
 	var resp Response
 	if err := svc.Decide(&req, &resp); err != nil {
@@ -91,5 +100,11 @@ func TestDecideDoesNotAllocate(t *testing.T) {
 	}
 	if n := testing.AllocsPerRun(1000, func() { _ = svc.Decide(&req, &resp) }); n != 0 {
 		t.Fatalf("%v allocations per decision", n)
+	}
+	// With a replacement too.
+	req.Descriptors = append(req.Descriptors, Descriptor{Entries: []Entry{{"promo", "p"}}})
+	_ = svc.Decide(&req, &resp)
+	if n := testing.AllocsPerRun(1000, func() { _ = svc.Decide(&req, &resp) }); n != 0 {
+		t.Fatalf("%v allocations per decision with replaces", n)
 	}
 }
