@@ -5,7 +5,7 @@ GOBIN := $(shell $(GO) env GOPATH)/bin
 STATICCHECK_VERSION := v0.8.2
 BENCHSTAT_VERSION := v0.0.0-20260908200009-22c9c6c9d4da
 
-.PHONY: all build run test lint vet fmt-check unit bench bench-go bench-authz bench-forward-auth bench-core bench-cluster proto clean
+.PHONY: all build run test lint vet fmt-check unit bench bench-go bench-rls-go bench-authz bench-forward-auth bench-rls bench-core bench-cluster proto clean
 
 all: build
 
@@ -39,23 +39,32 @@ vet:
 unit:
 	$(GO) test -race -count=1 -timeout 10m ./...
 
-# Benchmarks: the limiter hot path (Go benchmarks, compare runs with benchstat), the
-# authorization load test against a no-op server in the same run, the same for the HTTP
-# forward-auth check (and Caddy and nginx with the check against without it), the core's
-# activity POSTs against pgx inserting the same rows directly, and the cluster's
-# overshoot and traffic against the sync interval (about 15 minutes).
-bench: bench-go bench-authz bench-forward-auth bench-core bench-cluster
+# Benchmarks: the limiter hot path and the rate limit service's decisions beside the
+# authorization Check (Go benchmarks, compare runs with benchstat); the authorization load
+# test, the same for the HTTP forward-auth check (and Caddy and nginx with the check
+# against without it) and the rate limit service's, each against a no-op server in the same
+# run; the core's activity POSTs against pgx inserting the same rows directly; and the
+# cluster's overshoot and traffic against the sync interval (about 15 minutes).
+bench: bench-go bench-rls-go bench-authz bench-forward-auth bench-rls bench-core bench-cluster
 
 bench-go:
 	$(GO) test -run '^$$' -bench . -benchmem -count 6 ./sidecar/limiter/ | tee bench/results/limiter.txt
 	@test -x $(GOBIN)/benchstat || $(GO) install golang.org/x/perf/cmd/benchstat@$(BENCHSTAT_VERSION)
 	$(GOBIN)/benchstat bench/results/limiter.txt
 
+bench-rls-go:
+	$(GO) test -run '^$$' -bench 'BenchmarkDecide|BenchmarkCheck' -benchmem -count 6 ./sidecar/rls/ ./sidecar/authz/ | tee bench/results/rls-decide.txt
+	@test -x $(GOBIN)/benchstat || $(GO) install golang.org/x/perf/cmd/benchstat@$(BENCHSTAT_VERSION)
+	$(GOBIN)/benchstat bench/results/rls-decide.txt
+
 bench-authz: build
 	./bin/bench authz
 
 bench-forward-auth: build
 	./bin/bench forward-auth
+
+bench-rls: build
+	./bin/bench rls
 
 bench-core: build
 	./bin/bench core

@@ -1,5 +1,6 @@
-// Command sidecar is the rate-limit sidecar: Envoy's external authorization service and
-// the project's Limiter service. See the README for its configuration.
+// Command sidecar is the rate-limit sidecar: Envoy's external authorization service,
+// Envoy's rate limit service and the project's Limiter service. See the README for its
+// configuration. `sidecar check-config` validates the configuration files and exits.
 package main
 
 import (
@@ -14,6 +15,13 @@ import (
 )
 
 func main() {
+	switch {
+	case len(os.Args) == 2 && os.Args[1] == "check-config":
+		os.Exit(checkConfig())
+	case len(os.Args) > 1:
+		fmt.Fprintln(os.Stderr, "usage: sidecar              serve (configured by the environment; see the README)\n       sidecar check-config validate RATE_LIMIT_CONFIG and RLS_CONFIG_DIR, and the rest of the environment")
+		os.Exit(2)
+	}
 	cfg, err := config.Load(os.Getenv)
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "sidecar: invalid configuration: %v\n", err)
@@ -43,4 +51,22 @@ func main() {
 		fmt.Fprintf(os.Stderr, "sidecar: %v\n", err)
 		os.Exit(1)
 	}
+}
+
+// checkConfig validates RATE_LIMIT_CONFIG and RLS_CONFIG_DIR, then the rest of the
+// configuration, without serving: 0 when valid, 2 with every problem found.
+func checkConfig() int {
+	summary, err := config.CheckFiles(os.Getenv)
+	if err == nil {
+		_, err = config.Load(os.Getenv)
+	}
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "sidecar: invalid configuration: %v\n", err)
+		return 2
+	}
+	for _, line := range summary {
+		fmt.Println(line)
+	}
+	fmt.Println("configuration valid")
+	return 0
 }
