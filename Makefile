@@ -11,7 +11,7 @@ BUILDFLAGS ?= -buildvcs=auto
 # committed figures (and pass -update-results to bin/bench for the load tests).
 BENCH_OUT ?= bench/out/$(shell date -u +%Y%m%dT%H%M%SZ)-go
 
-.PHONY: all build run test lint vet fmt-check unit bench bench-go bench-authz bench-forward-auth bench-core bench-cluster proto clean
+.PHONY: all build run test lint vet fmt-check unit bench bench-go bench-rls-go bench-authz bench-forward-auth bench-rls bench-core bench-cluster proto clean
 
 all: build
 
@@ -45,13 +45,13 @@ vet:
 unit:
 	$(GO) test -race -count=1 -timeout 10m ./...
 
-# Benchmarks (each run writes into a new folder under bench/out/): the limiter hot path (Go
-# benchmarks, compare runs with benchstat), the authorization load test against a no-op
-# server in the same run, the same for the HTTP forward-auth check (and Caddy and nginx with
-# the check against without it), the core's activity POSTs against pgx inserting the same
-# rows directly, and the cluster's overshoot and traffic against the sync interval (about
-# 15 minutes).
-bench: bench-go bench-authz bench-forward-auth bench-core bench-cluster
+# Benchmarks (each run writes into a new folder under bench/out/): the limiter hot path and the rate limit service's decisions beside the
+# authorization Check (Go benchmarks, compare runs with benchstat); the authorization load
+# test, the same for the HTTP forward-auth check (and Caddy and nginx with the check
+# against without it) and the rate limit service's, each against a no-op server in the same
+# run; the core's activity POSTs against pgx inserting the same rows directly; and the
+# cluster's overshoot and traffic against the sync interval (about 15 minutes).
+bench: bench-go bench-rls-go bench-authz bench-forward-auth bench-rls bench-core bench-cluster
 
 bench-go:
 	@mkdir -p $(BENCH_OUT)
@@ -59,11 +59,20 @@ bench-go:
 	@test -x $(GOBIN)/benchstat || $(GO) install golang.org/x/perf/cmd/benchstat@$(BENCHSTAT_VERSION)
 	$(GOBIN)/benchstat $(BENCH_OUT)/limiter.txt
 
+bench-rls-go:
+	@mkdir -p $(BENCH_OUT)
+	$(GO) test -run '^$$' -bench 'BenchmarkDecide|BenchmarkCheck' -benchmem -count 6 ./sidecar/rls/ ./sidecar/authz/ | tee $(BENCH_OUT)/rls-decide.txt
+	@test -x $(GOBIN)/benchstat || $(GO) install golang.org/x/perf/cmd/benchstat@$(BENCHSTAT_VERSION)
+	$(GOBIN)/benchstat $(BENCH_OUT)/rls-decide.txt
+
 bench-authz: build
 	./bin/bench authz
 
 bench-forward-auth: build
 	./bin/bench forward-auth
+
+bench-rls: build
+	./bin/bench rls
 
 bench-core: build
 	./bin/bench core

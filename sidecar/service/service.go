@@ -1,6 +1,7 @@
 // Package service assembles the sidecar from its configuration: the limiter, the tenant
-// directory, the gRPC services (ext_authz, Limiter, health, reflection), the HTTP
-// forward-auth check and operator endpoints, and runs them until stopped.
+// directory, the gRPC services (ext_authz, Envoy's rate limit service, Limiter, health,
+// reflection), the HTTP forward-auth check, the rate limit service's POST /json and the
+// operator endpoints, and runs them until stopped.
 package service
 
 import (
@@ -15,6 +16,7 @@ import (
 	"time"
 
 	authv3 "github.com/envoyproxy/go-control-plane/envoy/service/auth/v3"
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/health"
@@ -32,6 +34,7 @@ import (
 	"github.com/converger/edge/sidecar/limiter"
 	"github.com/converger/edge/sidecar/metrics"
 	"github.com/converger/edge/sidecar/ops"
+	"github.com/converger/edge/sidecar/rlsapi"
 	"github.com/converger/edge/sidecar/routes"
 	"github.com/converger/edge/sidecar/tenants"
 )
@@ -146,8 +149,11 @@ func Start(cfg *config.Config, o Options) (*Sidecar, error) {
 		return nil, err
 	}
 
+	rlsAPI := s.rateLimitService(ctx, cfg)
+
 	s.grpc = grpc.NewServer(GRPCServerOptions()...)
 	authv3.RegisterAuthorizationServer(s.grpc, az)
+	rlsv3.RegisterRateLimitServiceServer(s.grpc, rlsAPI)
 	var limitOverrides limitapi.Overrides
 	if s.dir != nil {
 		limitOverrides = s.dir
@@ -170,6 +176,7 @@ func Start(cfg *config.Config, o Options) (*Sidecar, error) {
 	mux := http.NewServeMux()
 	mux.Handle("/", ops.Handler(s.Metrics.Registry, s.readiness, s.debugCounter))
 	mux.Handle(forwardauth.Path, forwardauth.New(az.Decide, cfg.TrustedProxies, log, s.Metrics.Registry))
+	mux.HandleFunc(rlsapi.JSONPath, rlsAPI.JSON)
 	s.http = &http.Server{
 		Handler:           mux,
 		ReadHeaderTimeout: 5 * time.Second,
@@ -189,6 +196,8 @@ func Start(cfg *config.Config, o Options) (*Sidecar, error) {
 	})
 	s.health.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
 	s.health.SetServingStatus(authv3.Authorization_ServiceDesc.ServiceName, healthpb.HealthCheckResponse_SERVING)
+	s.health.SetServingStatus(rlsv3.RateLimitService_ServiceDesc.ServiceName, healthpb.HealthCheckResponse_SERVING)
+	s.health.SetServingStatus("ratelimit", healthpb.HealthCheckResponse_SERVING) // envoyproxy/ratelimit's name
 	s.health.SetServingStatus(limiterpb.Limiter_ServiceDesc.ServiceName, healthpb.HealthCheckResponse_SERVING)
 	s.serving.Store(true)
 	log.Info("sidecar started", "grpc", s.GRPCAddr.String(), "http", s.HTTPAddr.String(),
