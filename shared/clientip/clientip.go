@@ -65,16 +65,21 @@ func (r *Resolver) IPv6Prefix() int {
 // so that every spelling of one client, and every address of one IPv6 network, shares
 // one counter.
 func (r *Resolver) Key(a netip.Addr) string {
+	return string(r.AppendKey(make([]byte, 0, 48), a))
+}
+
+// AppendKey appends a's Key to b.
+func (r *Resolver) AppendKey(b []byte, a netip.Addr) []byte {
 	a = a.Unmap().WithZone("")
 	if !a.Is6() {
-		return a.String()
+		return a.AppendTo(b)
 	}
 	bits := r.IPv6Prefix()
 	if bits >= 128 {
-		return a.String()
+		return a.AppendTo(b)
 	}
 	p, _ := a.Prefix(bits)
-	return p.String()
+	return p.AppendTo(b)
 }
 
 // ClientKey resolves a request's client (Resolve) and returns its Key; ok is false when

@@ -6,6 +6,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"strings"
+	"unsafe"
 
 	"github.com/converger/edge/shared/apierror"
 	"github.com/converger/edge/shared/buckets"
@@ -23,6 +24,16 @@ type Directory interface {
 	ChannelTenant(channelID string) (string, tenants.Status)
 }
 
+// The request headers identification reads.
+const (
+	HeaderAuthorization = "authorization"
+	HeaderAPIKey        = "x-api-key"
+	HeaderForwardedFor  = "x-forwarded-for"
+)
+
+// Headers are the only request headers Identify reads.
+var Headers = []string{HeaderAuthorization, HeaderAPIKey, HeaderForwardedFor}
+
 // Request is what identification reads of a request.
 type Request struct {
 	// Header returns a request header by lower-case name, "" when absent.
@@ -31,7 +42,16 @@ type Request struct {
 	Source string
 	// ChannelID is the raw :channel_id path parameter of the matched route.
 	ChannelID string
+	// Buf, when it has room for MaxBufferedID bytes, is where a counted id that
+	// Identify makes (a client address's, an unverified credential's hash) is built
+	// instead of in a new string: the Identity's ID then shares Buf's array and is valid
+	// only until Buf is written again.
+	Buf []byte
 }
+
+// MaxBufferedID is the room Request.Buf needs: the longest id Identify builds, an IPv6
+// address with its prefix length or an unverified credential's hash.
+const MaxBufferedID = 64
 
 // Identity is who a step counts.
 type Identity struct {
@@ -90,7 +110,7 @@ func (r *Resolver) Identify(s routes.Step, req *Request) (Identity, *apierror.Er
 		}
 		return Identity{ID: id, TenantID: tenant}, nil
 	case routes.FromToken:
-		c := r.tokens.Verify(bearer(req.Header("authorization")))
+		c := r.tokens.Verify(bearer(req.Header(HeaderAuthorization)))
 		if c == nil {
 			return Identity{}, &errToken
 		}
@@ -100,36 +120,36 @@ func (r *Resolver) Identify(s routes.Step, req *Request) (Identity, *apierror.Er
 		}
 		return Identity{ID: id, TenantID: c.TenantID, Src: c.Src}, nil
 	case routes.FromAPIKey:
-		key := req.Header("x-api-key")
+		key := req.Header(HeaderAPIKey)
 		if !plausible(key, "cvg_live_") {
 			return Identity{}, &errAPIKey
 		}
 		if r.dir == nil {
-			return unverified(key), nil
+			return unverified(key, req.Buf), nil
 		}
 		t, st := r.dir.TenantByAPIKey(key)
 		switch {
 		case st == tenants.Unavailable:
-			return unverified(key), nil
+			return unverified(key, req.Buf), nil
 		case st == tenants.NotFound || !t.Active:
 			return Identity{}, &errAPIKey
 		}
 		return Identity{ID: t.ID, TenantID: t.ID}, nil
 	case routes.FromChannelSecret:
-		secret := bearer(req.Header("authorization"))
+		secret := bearer(req.Header(HeaderAuthorization))
 		if looksLikeJWT(secret) {
 			return Identity{}, &errNotSecret
 		}
 		if !plausible(secret, "") {
 			return Identity{}, &errSecret
 		}
-		return r.channel(secret, r.lookupSecret, &errSecret)
+		return r.channel(secret, req.Buf, r.lookupSecret, &errSecret)
 	case routes.FromPublishableKey:
-		key := bearer(req.Header("authorization"))
+		key := bearer(req.Header(HeaderAuthorization))
 		if !plausible(key, "cvg_pk_") {
 			return Identity{}, &errPublishable
 		}
-		return r.channel(key, r.lookupPublishable, &errPublishable)
+		return r.channel(key, req.Buf, r.lookupPublishable, &errPublishable)
 	}
 	return Identity{}, &apierror.BadRequest
 }
@@ -142,14 +162,14 @@ func (r *Resolver) lookupPublishable(s string) (tenants.Channel, tenants.Status)
 	return r.dir.ChannelByPublishableKey(s)
 }
 
-func (r *Resolver) channel(cred string, lookup func(string) (tenants.Channel, tenants.Status), invalid *apierror.Error) (Identity, *apierror.Error) {
+func (r *Resolver) channel(cred string, buf []byte, lookup func(string) (tenants.Channel, tenants.Status), invalid *apierror.Error) (Identity, *apierror.Error) {
 	if r.dir == nil {
-		return unverified(cred), nil
+		return unverified(cred, buf), nil
 	}
 	c, st := lookup(cred)
 	switch {
 	case st == tenants.Unavailable:
-		return unverified(cred), nil
+		return unverified(cred, buf), nil
 	case st == tenants.NotFound || !c.Active:
 		return Identity{}, invalid
 	}
@@ -159,19 +179,28 @@ func (r *Resolver) channel(cred string, lookup func(string) (tenants.Channel, te
 // ClientIP returns the request's counted client address (clientip.Resolver.Key: IPv4
 // per address, IPv6 per prefix), or UnknownIP.
 func (r *Resolver) ClientIP(req *Request) string {
-	k, ok := r.ips.ClientKey(req.Source, req.Header("x-forwarded-for"))
+	a, ok := r.ips.Resolve(req.Source, req.Header(HeaderForwardedFor))
 	if !ok {
 		return UnknownIP
 	}
-	return k
+	if cap(req.Buf) < MaxBufferedID {
+		return r.ips.Key(a)
+	}
+	b := r.ips.AppendKey(req.Buf[:0], a)
+	return unsafe.String(unsafe.SliceData(b), len(b))
 }
 
 // unverified is the identity of a credential that could not be looked up (no database,
 // or it did not answer in time): the credential is counted by its hash, so a limit still
-// holds per credential, with the installation's limits.
-func unverified(cred string) Identity {
+// holds per credential, with the installation's limits. The id is built in buf when it
+// has room (Request.Buf).
+func unverified(cred string, buf []byte) Identity {
 	sum := sha256.Sum256([]byte(cred))
-	return Identity{ID: "unverified:" + hex.EncodeToString(sum[:16])}
+	if cap(buf) < MaxBufferedID {
+		return Identity{ID: "unverified:" + hex.EncodeToString(sum[:16])}
+	}
+	b := hex.AppendEncode(append(buf[:0], "unverified:"...), sum[:16])
+	return Identity{ID: unsafe.String(unsafe.SliceData(b), len(b))}
 }
 
 // canonicalID is the counted form of an id taken from a request's path: a UUID in

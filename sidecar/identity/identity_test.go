@@ -5,6 +5,7 @@ import (
 	"strings"
 	"testing"
 	"time"
+	"unsafe"
 
 	"github.com/converger/edge/shared/buckets"
 	"github.com/converger/edge/shared/clientip"
@@ -151,4 +152,48 @@ func BenchmarkTokenCacheHit(b *testing.B) {
 			}
 		}
 	})
+}
+
+// A token over a caller's buffer, reused once Verify returns, stays cached as it was.
+func TestTokenCacheKeepsNoCallerBuffer(t *testing.T) {
+	s, v := signer(t)
+	c := NewTokenCache(v, 0)
+	tok, err := s.Issue(token.Claims{TenantID: tenantID, ChannelID: channelID, Src: token.SrcSecret}, time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	buf := []byte(tok)
+	if c.Verify(unsafe.String(&buf[0], len(buf))) == nil {
+		t.Fatal("a valid token was refused")
+	}
+	copy(buf, strings.Repeat("x", len(buf)))
+	c.mu.RLock()
+	defer c.mu.RUnlock()
+	if _, ok := c.m[tok]; !ok || len(c.m) != 1 {
+		t.Fatalf("the cache holds %d tokens, not the one verified", len(c.m))
+	}
+}
+
+// The ids Identify builds in Request.Buf are those it builds without it.
+func TestIdsBuiltInTheBuffer(t *testing.T) {
+	ips, _ := clientip.Parse("10.0.0.0/8")
+	r := New(nil, NewTokenCache(nil, 0), ips)
+	for _, c := range []struct {
+		step    routes.Step
+		headers map[string]string
+		source  string
+	}{
+		{routes.Step{From: routes.FromIP, Per: buckets.PerIP}, map[string]string{"x-forwarded-for": "2001:db8:1:2:3:4:5:6"}, "10.0.0.1"},
+		{routes.Step{From: routes.FromIP, Per: buckets.PerIP}, nil, "[::ffff:192.0.2.1]:80"},
+		{routes.Step{From: routes.FromAPIKey, Per: buckets.PerTenant}, map[string]string{"x-api-key": "cvg_live_" + strings.Repeat("a", 30)}, "10.0.0.1"},
+		{routes.Step{From: routes.FromChannelSecret, Per: buckets.PerChannel}, map[string]string{"authorization": "Bearer " + strings.Repeat("s", 40)}, "10.0.0.1"},
+	} {
+		without, err1 := r.Identify(c.step, req(c.headers, c.source))
+		rq := req(c.headers, c.source)
+		rq.Buf = make([]byte, 0, MaxBufferedID)
+		with, err2 := r.Identify(c.step, rq)
+		if err1 != nil || err2 != nil || with != without || with.ID == "" {
+			t.Errorf("%v: %+v %v with the buffer, %+v %v without", c.step.From, with, err2, without, err1)
+		}
+	}
 }

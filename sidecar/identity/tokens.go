@@ -1,6 +1,7 @@
 package identity
 
 import (
+	"strings"
 	"sync"
 	"time"
 
@@ -62,7 +63,7 @@ func (c *TokenCache) Verify(tok string) *token.Claims {
 	if len(c.m) >= c.max {
 		c.evictLocked(now)
 	}
-	c.m[tok] = e
+	c.m[strings.Clone(tok)] = e // tok may be a caller's buffer, reused after the call
 	c.mu.Unlock()
 	return e.claims
 }

@@ -3,6 +3,7 @@ package tenants
 import (
 	"context"
 	"math/rand/v2"
+	"strings"
 	"sync"
 	"time"
 )
@@ -79,6 +80,7 @@ func (c *cache[K, V]) get(k K) (V, Status) {
 		c.mu.RUnlock()
 		c.hits.Inc()
 		if refresh && c.d.breaker.closed() {
+			k = own(k)
 			c.mu.Lock()
 			c.startLocked(k, it)
 			c.mu.Unlock()
@@ -87,6 +89,7 @@ func (c *cache[K, V]) get(k K) (V, Status) {
 	}
 	c.mu.RUnlock()
 
+	k = own(k)
 	c.mu.Lock()
 	if it = c.m[k]; it == nil {
 		c.evictLocked(now)
@@ -123,6 +126,16 @@ func (c *cache[K, V]) get(k K) (V, Status) {
 		c.fallbacks.Inc()
 	}
 	return it.val, status(it.found)
+}
+
+// own returns k in memory of its own. The cache keeps keys (in its map, and in the
+// loads it starts), and a string key may be over a caller's buffer that is reused once
+// the lookup returns; only misses and refreshes copy.
+func own[K comparable](k K) K {
+	if s, ok := any(k).(string); ok {
+		return any(strings.Clone(s)).(K)
+	}
+	return k
 }
 
 // startLocked starts loading k unless a load is in flight; the caller holds c.mu.

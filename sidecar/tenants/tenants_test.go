@@ -8,6 +8,7 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+	"unsafe"
 
 	"github.com/converger/edge/shared/buckets"
 )
@@ -400,5 +401,30 @@ func TestValuesInUseAreReloadedBeforeTheyExpire(t *testing.T) {
 	hits := e.rec.count("api_keys", ResultHit)
 	if got, _ := e.d.TenantByAPIKey(key); got.Active || e.rec.count("api_keys", ResultHit) != hits+1 {
 		t.Errorf("after the reload: %+v, want a hit on the inactive tenant", got)
+	}
+}
+
+// A caller may look up with a string over its own buffer and reuse the buffer once the
+// lookup returns (the sidecar's gRPC codec does): the cache keeps a copy of the key, for
+// its map and for the load it starts.
+func TestLookupKeepsNoCallerBuffer(t *testing.T) {
+	e := newEnv(t, "", Options{})
+	tenant := e.addTenant(newKey("ck_"))
+	ch := e.addChannel(tenant, newKey("cs_"), "")
+	buf := []byte(ch)
+	if got, st := e.d.ChannelTenant(unsafe.String(&buf[0], len(buf))); st != Found || got != tenant {
+		t.Fatalf("ChannelTenant = %q, %v", got, st)
+	}
+	copy(buf, strings.Repeat("f", len(buf))) // the caller reuses its buffer
+	hits := e.rec.count("channel_tenants", ResultHit)
+	if got, st := e.d.ChannelTenant(ch); st != Found || got != tenant || e.rec.count("channel_tenants", ResultHit) != hits+1 {
+		t.Fatalf("after the caller's buffer changed: %q, %v, %d hits (want %d)", got, st, e.rec.count("channel_tenants", ResultHit), hits+1)
+	}
+	e.d.channelTenants.mu.RLock()
+	defer e.d.channelTenants.mu.RUnlock()
+	for k := range e.d.channelTenants.m {
+		if k != ch {
+			t.Errorf("the cache holds key %q", k)
+		}
 	}
 }
