@@ -46,3 +46,34 @@ func TestBodyDoesNotEscapeHTML(t *testing.T) {
 		t.Fatalf("got  %s\nwant %s", got, want)
 	}
 }
+
+// AppendBody writes Body's bytes, whatever the strings hold.
+func TestAppendBody(t *testing.T) {
+	for _, s := range []string{"", "plain", `q"b\s/`, "ctl \x00\x01\b\f\n\r\t\x1f\x7f", "a < b & c > d", "ü€𝄞", "bad \xff\xfe utf8 \xe2\x82", "sep \u2028 \u2029", strings.Repeat("x", 300)} {
+		e := Error{429, "code " + s, "message " + s}
+		for _, d := range []*RateLimitDetails{nil, {RetryAfterMS: 0}, {RetryAfterMS: 1234567}} {
+			var details any
+			if d != nil {
+				details = *d
+			}
+			want := e.Body(details, "id "+s)
+			if got := e.AppendBody([]byte("prefix"), d, "id "+s); string(got) != "prefix"+string(want) {
+				t.Errorf("%q %v:\ngot  %s\nwant %s", s, d, got[6:], want)
+			}
+		}
+	}
+}
+
+func FuzzAppendBody(f *testing.F) {
+	f.Add("rate_limited", "Too many requests.", "F8n2kQx1c9ZQAAAB", int64(1000))
+	f.Add("a\"\\\x00", "\u2028\xff", "<&>", int64(-1))
+	f.Fuzz(func(t *testing.T, code, msg, id string, ms int64) {
+		e := Error{400, code, msg}
+		if got, want := e.AppendBody(nil, nil, id), e.Body(nil, id); string(got) != string(want) {
+			t.Fatalf("got  %s\nwant %s", got, want)
+		}
+		if got, want := e.AppendBody(nil, &RateLimitDetails{RetryAfterMS: ms}, id), e.Body(RateLimitDetails{RetryAfterMS: ms}, id); string(got) != string(want) {
+			t.Fatalf("got  %s\nwant %s", got, want)
+		}
+	})
+}
