@@ -3,6 +3,8 @@ package authz
 import (
 	"context"
 	"fmt"
+	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -61,11 +63,11 @@ func TestHeaderMapIsRead(t *testing.T) {
 		{Key: "x-request-id", Value: "abc"},
 	}}
 	for range 10 {
-		if resp := s.check(r); resp.GetDeniedResponse() != nil {
+		if resp := checkProto(s, r); resp.GetDeniedResponse() != nil {
 			t.Fatal("denied within the budget")
 		}
 	}
-	resp := s.check(checkRequest("POST", "/api/v1/tokens", "198.51.100.3", nil))
+	resp := checkProto(s, checkRequest("POST", "/api/v1/tokens", "198.51.100.3", nil))
 	if resp.GetDeniedResponse().GetStatus().GetCode() != 429 {
 		t.Fatalf("the client behind the proxy was not the counted one: %v", resp)
 	}
@@ -92,7 +94,7 @@ func BenchmarkCheck(b *testing.B) {
 		}
 	}
 	for _, r := range reqs {
-		s.check(r)
+		checkProto(s, r)
 	}
 	ctx := context.Background()
 	b.ReportAllocs()
@@ -104,4 +106,41 @@ func BenchmarkCheck(b *testing.B) {
 			i++
 		}
 	})
+}
+
+// checkProto answers a CheckRequest as Check does.
+func checkProto(s *Server, r *authv3.CheckRequest) *authv3.CheckResponse {
+	resp, _ := s.Check(context.Background(), r)
+	return resp
+}
+
+// A decision asks for no other headers than RequestHeaders, on any route, with any
+// credential: a caller that reads requests itself extracts those only.
+func TestDecisionReadsOnlyRequestHeaders(t *testing.T) {
+	s, signer := newServer(t)
+	tok, _ := signer.Issue(token.Claims{TenantID: "t", ChannelID: "c", Src: token.SrcPublishable}, time.Now())
+	asked := map[string]bool{}
+	for _, r := range routes.BuiltIn() {
+		path := strings.NewReplacer(":channel_id", "00000000-0000-4000-8000-000000000001", ":id", "c").Replace(r.Pattern)
+		for _, h := range []map[string]string{
+			nil,
+			{"authorization": "Bearer " + tok, "x-request-id": "r", "x-forwarded-for": "198.51.100.1"},
+			{"authorization": "Bearer cvg_pk_" + strings.Repeat("a", 20), "x-api-key": "cvg_live_" + strings.Repeat("b", 20)},
+		} {
+			for range 12 { // past every limit: the denials read headers too
+				s.Verdict(Request{Method: r.Method, Path: path, Source: "10.0.0.1", Header: func(name string) string {
+					asked[name] = true
+					if !slices.Contains(RequestHeaders, name) {
+						t.Errorf("%s %s: the decision asked for header %q", r.Method, r.Pattern, name)
+					}
+					return h[name]
+				}})
+			}
+		}
+	}
+	for _, name := range RequestHeaders {
+		if !asked[name] {
+			t.Errorf("no decision asked for %s: is it still one of RequestHeaders?", name)
+		}
+	}
 }
