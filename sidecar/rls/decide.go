@@ -19,6 +19,9 @@ type Request struct {
 	Descriptors []Descriptor
 	// Hits is hits_addend: what every descriptor without its own counts; 0 means 1.
 	Hits uint32
+	// ExtraDescriptors counts descriptors a decoder saw past MaxDescriptors+1 and did not
+	// keep: the request is refused for its count, which includes them.
+	ExtraDescriptors int
 }
 
 // Descriptor is one descriptor of a request.
@@ -32,6 +35,9 @@ type Descriptor struct {
 	Hits    uint64
 	// Refund (is_negative_hits) gives the hits back, on a rule with allow_refunds.
 	Refund bool
+	// ExtraEntries counts entries a decoder saw past MaxEntries+1 and did not keep, as
+	// Request.ExtraDescriptors.
+	ExtraEntries int
 }
 
 // Override is a descriptor's RateLimitOverride.
@@ -249,13 +255,13 @@ func check(req *Request) error {
 	if len(req.Descriptors) == 0 {
 		return ErrNoDescriptors
 	}
-	if len(req.Descriptors) > MaxDescriptors {
-		return &RequestError{fmt.Sprintf("at most %d descriptors per request, not %d", MaxDescriptors, len(req.Descriptors))}
+	if n := len(req.Descriptors) + req.ExtraDescriptors; n > MaxDescriptors {
+		return &RequestError{fmt.Sprintf("at most %d descriptors per request, not %d", MaxDescriptors, n)}
 	}
 	for i := range req.Descriptors {
 		desc := &req.Descriptors[i]
-		if len(desc.Entries) > MaxEntries {
-			return &RequestError{fmt.Sprintf("descriptor %d: at most %d entries, not %d", i, MaxEntries, len(desc.Entries))}
+		if n := len(desc.Entries) + desc.ExtraEntries; n > MaxEntries {
+			return &RequestError{fmt.Sprintf("descriptor %d: at most %d entries, not %d", i, MaxEntries, n)}
 		}
 		if desc.HasOverride {
 			o := desc.Override

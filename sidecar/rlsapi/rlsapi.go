@@ -73,7 +73,6 @@ func (s *Server) ShouldRateLimit(_ context.Context, req *rlsv3.RateLimitRequest)
 }
 
 func (s *Server) decide(req *rlsv3.RateLimitRequest) (*rlsv3.RateLimitResponse, error) {
-	start := time.Now()
 	sc := s.pool.Get().(*scratch)
 	defer func() {
 		// The scratch must not keep the request's strings alive.
@@ -82,15 +81,20 @@ func (s *Server) decide(req *rlsv3.RateLimitRequest) (*rlsv3.RateLimitResponse, 
 		s.pool.Put(sc)
 	}()
 	convert(req, sc)
-	err := s.svc.Decide(&sc.req, &sc.resp)
-	m := s.svc.Metrics()
-	if err != nil {
-		m.Observe(false, true, time.Since(start))
+	if err := s.Decide(&sc.req, &sc.resp); err != nil {
 		return nil, err
 	}
-	out := response(&sc.resp)
-	m.Observe(sc.resp.Code == rls.OverLimit, false, time.Since(start))
-	return out, nil
+	return response(&sc.resp), nil
+}
+
+// Decide is ShouldRateLimit's decision on a request already read from its message, into
+// resp, with the metrics ShouldRateLimit records: for a caller that reads requests and
+// writes answers itself. Its error is the client's mistake (InvalidArgument, 400).
+func (s *Server) Decide(req *rls.Request, resp *rls.Response) error {
+	start := time.Now()
+	err := s.svc.Decide(req, resp)
+	s.svc.Metrics().Observe(err == nil && resp.Code == rls.OverLimit, err != nil, time.Since(start))
+	return err
 }
 
 // convert reads a RateLimitRequest into sc.req, whose strings are the message's.
