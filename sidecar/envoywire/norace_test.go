@@ -1,0 +1,5 @@
+//go:build !race
+
+package envoywire
+
+const raceEnabled = false
