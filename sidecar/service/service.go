@@ -28,6 +28,7 @@ import (
 	"github.com/converger/edge/sidecar/authz"
 	"github.com/converger/edge/sidecar/cluster"
 	"github.com/converger/edge/sidecar/config"
+	"github.com/converger/edge/sidecar/envoywire"
 	"github.com/converger/edge/sidecar/forwardauth"
 	"github.com/converger/edge/sidecar/identity"
 	"github.com/converger/edge/sidecar/limitapi"
@@ -151,9 +152,11 @@ func Start(cfg *config.Config, o Options) (*Sidecar, error) {
 
 	rlsAPI := s.rateLimitService(ctx, cfg)
 
-	s.grpc = grpc.NewServer(GRPCServerOptions()...)
-	authv3.RegisterAuthorizationServer(s.grpc, az)
-	rlsv3.RegisterRateLimitServiceServer(s.grpc, rlsAPI)
+	// Envoy's two services read their requests straight from the wire (envoywire); the
+	// others go through the standard proto codec.
+	s.grpc = grpc.NewServer(append(GRPCServerOptions(), envoywire.ServerOption())...)
+	envoywire.RegisterAuthorization(s.grpc, az)
+	envoywire.RegisterRateLimitService(s.grpc, rlsAPI)
 	var limitOverrides limitapi.Overrides
 	if s.dir != nil {
 		limitOverrides = s.dir
