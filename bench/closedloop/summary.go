@@ -49,10 +49,10 @@ func Summarize(phases []PhaseResult, target string) Summary {
 // Comparison is a target against a baseline, over the same rounds.
 type Comparison struct {
 	Target, Baseline Summary
-	// ThroughputRatio and P99Ratio compare the medians; the Paired ratios are the medians
-	// of the per-round ratios.
-	ThroughputRatio, P99Ratio   float64
-	PairedThroughput, PairedP99 float64
+	// ThroughputRatio, P99Ratio and CPURatio (CPU per request) compare the medians; the
+	// Paired ratios are the medians of the per-round ratios.
+	ThroughputRatio, P99Ratio, CPURatio    float64
+	PairedThroughput, PairedP99, PairedCPU float64
 }
 
 // Compare compares a target's phases with a baseline's.
@@ -60,7 +60,8 @@ func Compare(phases []PhaseResult, target, baseline string) Comparison {
 	c := Comparison{Target: Summarize(phases, target), Baseline: Summarize(phases, baseline)}
 	c.ThroughputRatio = Ratio(c.Target.RPS, c.Baseline.RPS)
 	c.P99Ratio = Ratio(float64(c.Target.P99), float64(c.Baseline.P99))
-	var thr, p99 []float64
+	c.CPURatio = Ratio(float64(c.Target.TargetCPU), float64(c.Baseline.TargetCPU))
+	var thr, p99, cpu []float64
 	rounds := 0
 	for _, p := range phases {
 		rounds = max(rounds, p.Round)
@@ -79,9 +80,10 @@ func Compare(phases []PhaseResult, target, baseline string) Comparison {
 		if t != nil && b != nil {
 			thr = append(thr, Ratio(t.RPS, b.RPS))
 			p99 = append(p99, Ratio(float64(t.P99), float64(b.P99)))
+			cpu = append(cpu, Ratio(float64(t.TargetCPU), float64(b.TargetCPU)))
 		}
 	}
-	c.PairedThroughput, c.PairedP99 = Median(thr), Median(p99)
+	c.PairedThroughput, c.PairedP99, c.PairedCPU = Median(thr), Median(p99), Median(cpu)
 	return c
 }
 
@@ -89,6 +91,12 @@ func Compare(phases []PhaseResult, target, baseline string) Comparison {
 // the baseline's, p99 at most maxP99 of it, and no errors.
 func (c Comparison) Meets(minThroughput, maxP99 float64) bool {
 	return c.ThroughputRatio >= minThroughput && c.P99Ratio <= maxP99 && c.Target.Errors == 0 && c.Baseline.Errors == 0
+}
+
+// MeetsCPU reports whether the target's CPU per request is at most maxCPU of the
+// baseline's (and was measured).
+func (c Comparison) MeetsCPU(maxCPU float64) bool {
+	return c.CPURatio > 0 && c.CPURatio <= maxCPU
 }
 
 // Ratio is a/b, 0 when b is 0.

@@ -3,13 +3,13 @@ package rlsload
 import (
 	"errors"
 	"fmt"
-	"math/rand/v2"
 
 	rlv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/converger/edge/bench/closedloop"
 	"github.com/converger/edge/bench/rawcheck"
 )
 
@@ -49,42 +49,14 @@ var scenarios = []scenario{
 
 // Workload is one scenario's pre-marshaled requests: a prologue that sends every key once,
 // then a body, a shuffled order of the keys, that repeats.
-type Workload struct {
-	Prologue int
-	keys     int
-	data     []byte
-	off      []int
-	key      []int32
-}
+type Workload = closedloop.Sequence
 
 // BuildWorkload builds the requests of a scenario with n keys (1 for hot).
 func BuildWorkload(name string, n int, seed uint64) (*Workload, error) {
 	if name == "hot" {
 		n = 1
 	}
-	rng := rand.New(rand.NewPCG(seed, 0x715))
-	w := &Workload{Prologue: n, keys: n, off: []int{0}}
-	add := func(k int) error {
-		var err error
-		w.data, err = proto.MarshalOptions{}.MarshalAppend(w.data, request(name, k))
-		if err != nil {
-			return err
-		}
-		w.off = append(w.off, len(w.data))
-		w.key = append(w.key, int32(k))
-		return nil
-	}
-	for k := range n {
-		if err := add(k); err != nil {
-			return nil, err
-		}
-	}
-	for _, k := range rng.Perm(n) {
-		if err := add(k); err != nil {
-			return nil, err
-		}
-	}
-	return w, nil
+	return closedloop.NewSequence(n, seed, func(k int) ([]byte, error) { return proto.Marshal(request(name, k)) })
 }
 
 // address is the client address of key k: 10.0.0.0/8 for many keys, 172.16.0.0/12 for
@@ -115,33 +87,6 @@ func request(name string, k int) *rlsv3.RateLimitRequest {
 		{Entries: []*rlv3.RateLimitDescriptor_Entry{entry("path", fmt.Sprintf("/api/v1/conversations/%d/activities", k%97)), entry("remote_address", ip)}},
 	}}
 }
-
-// Len is the number of pre-built requests.
-func (w *Workload) Len() int { return len(w.key) }
-
-// Position returns the position of the i-th request sent: the prologue once, then the
-// body over and over.
-func (w *Workload) Position(i uint64) int {
-	if i < uint64(w.Prologue) {
-		return int(i)
-	}
-	return w.Prologue + int((i-uint64(w.Prologue))%uint64(w.Len()-w.Prologue))
-}
-
-// Bytes returns the marshaled request at a position.
-func (w *Workload) Bytes(pos int) []byte { return w.data[w.off[pos]:w.off[pos+1]:w.off[pos+1]] }
-
-// Class is 0: a scenario is one class of requests.
-func (*Workload) Class(int) int { return 0 }
-
-// Classes is 1.
-func (*Workload) Classes() int { return 1 }
-
-// Key returns the key of the request at a position.
-func (w *Workload) Key(pos int) int { return int(w.key[pos]) }
-
-// Keys returns the number of keys.
-func (w *Workload) Keys() int { return w.keys }
 
 var errMalformed = errors.New("malformed RateLimitResponse")
 
