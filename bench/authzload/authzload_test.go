@@ -3,13 +3,25 @@ package authzload
 import (
 	"bufio"
 	"bytes"
+	"context"
 	"net/http"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
+	authv3 "github.com/envoyproxy/go-control-plane/envoy/service/auth/v3"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/converger/edge/bench/closedloop"
 	"github.com/converger/edge/shared/clientip"
 	"github.com/converger/edge/shared/token"
+	"github.com/converger/edge/sidecar/authz"
+	"github.com/converger/edge/sidecar/config"
+	"github.com/converger/edge/sidecar/identity"
+	"github.com/converger/edge/sidecar/limiter"
+	"github.com/converger/edge/sidecar/metrics"
 	"github.com/converger/edge/sidecar/routes"
 )
 
@@ -176,7 +188,11 @@ func TestConfigValidate(t *testing.T) {
 		"keys":        func(c *Config) { c.Keys = 10 },
 		"over":        func(c *Config) { c.Over = 0.9 },
 		"concurrency": func(c *Config) { c.Concurrency = 0 },
-		"conns":       func(c *Config) { c.Conns = 0 },
+		"conns":       func(c *Config) { c.Conns = nil },
+		"conns 0":     func(c *Config) { c.Conns = closedloop.Counts{1, 0} },
+		"mix conns":   func(c *Config) { c.MixConns = 0 },
+		"over keys":   func(c *Config) { c.OverKeys = 0 },
+		"nothing":     func(c *Config) { c.Mix, c.Scenarios = false, false },
 		"duration":    func(c *Config) { c.Duration = time.Millisecond },
 		"rounds":      func(c *Config) { c.Rounds = 0 },
 		"too long":    func(c *Config) { c.Duration = 10 * time.Minute },
@@ -264,6 +280,69 @@ func TestHTTPRequestsOfTheMix(t *testing.T) {
 			if v := h.GetHeaders()[name]; check.Header.Get(name) != v || client.Header.Get(name) != v {
 				t.Fatalf("request %d: %s not copied", pos, name)
 			}
+		}
+	}
+}
+
+// The scenarios' requests are what their summaries say, decided by the sidecar's own
+// decision with the scenarios' limits: hot and keys allowed, over denied after each
+// key's first request, every key a counter of its own.
+func TestScenarioRequests(t *testing.T) {
+	signer, err := newSigner()
+	if err != nil {
+		t.Fatal(err)
+	}
+	limits := filepath.Join(t.TempDir(), "limits.yaml")
+	if err := os.WriteFile(limits, []byte(scenarioLimits), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	env := map[string]string{"TOKEN_VERIFY_KEYS": signer.PublicKey(), "TRUSTED_PROXIES": TrustedProxies, "RATE_LIMIT_CONFIG": limits}
+	cfg, err := config.Load(func(k string) string { return env[k] })
+	if err != nil {
+		t.Fatal(err)
+	}
+	table, err := routes.New(cfg.Routes)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lim := limiter.New(limiter.Options{})
+	s, err := authz.New(table, identity.New(nil, identity.NewTokenCache(cfg.Verifier, 0), cfg.TrustedProxies), lim, cfg, nil, metrics.New())
+	if err != nil {
+		t.Fatal(err)
+	}
+	g := &scenarioRequests{signer: signer, now: time.Now()}
+	for _, c := range []struct {
+		name     string
+		keys     int
+		overBody bool
+	}{{"hot", 1, false}, {"keys", 300, false}, {"over", 200, true}} {
+		w, err := closedloop.NewSequence(c.keys, 1, func(k int) ([]byte, error) { return g.request(c.name, k) })
+		if err != nil {
+			t.Fatal(err)
+		}
+		before := lim.Len()
+		seen := map[int]bool{}
+		for i := range uint64(w.Len()) {
+			pos := w.Position(i)
+			var req authv3.CheckRequest
+			if err := proto.Unmarshal(w.Bytes(pos), &req); err != nil {
+				t.Fatal(err)
+			}
+			if n := len(req.GetAttributes().GetRequest().GetHttp().GetHeaders()); n != 20 {
+				t.Fatalf("%s: %d headers, want 20", c.name, n)
+			}
+			resp, _ := s.Check(context.Background(), &req)
+			denied := resp.GetDeniedResponse().GetStatus().GetCode() == 429
+			if resp.GetDeniedResponse() != nil && !denied {
+				t.Fatalf("%s: rejected: %v", c.name, resp)
+			}
+			if want := c.overBody && seen[w.Key(pos)]; denied != want {
+				t.Fatalf("%s request %d (key %d): denied %v, want %v", c.name, i, w.Key(pos), denied, want)
+			}
+			seen[w.Key(pos)] = true
+		}
+		if got := lim.Len() - before; got != c.keys {
+			t.Errorf("%s: %d counters, want one per key (%d)", c.name, got, c.keys)
 		}
 	}
 }

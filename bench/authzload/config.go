@@ -15,19 +15,31 @@ import (
 	"github.com/converger/edge/bench/closedloop"
 )
 
-// The targets the sidecar must meet, relative to the no-op server.
+// The targets the sidecar must meet with the mix, relative to the no-op server.
 const (
 	MinThroughputRatio = 0.90 // sidecar req/s ≥ 90% of the no-op's
 	MaxP99Ratio        = 1.20 // sidecar p99 ≤ 1.2 × the no-op's
 )
+
+// ScenarioAims are the aims of the scenarios (hot, keys, over) on one connection,
+// relative to the no-op server built with gRPC's standard codec: at least its
+// throughput, at most its p99 and its CPU per check. Runs on more connections are
+// reported against the same aims.
+var ScenarioAims = closedloop.Aims{MinThroughput: 1.0, MaxP99: 1.0, MaxCPU: 1.0}
 
 // Config is the load test's configuration, one field per flag.
 type Config struct {
 	// Interface is the check driven: "grpc" (ext_authz Check) or "http" (forward-auth).
 	Interface string
 	Sidecar   string  // the sidecar binary
-	Keys      int     // distinct keys in the mix
+	Keys      int     // distinct keys in the mix, and of the keys scenario
 	Over      float64 // share of keys driven over their limit
+	// Mix measures the mix (on MixConns gRPC connections); Scenarios (gRPC only) the hot,
+	// keys and over scenarios, on each of Loop.Conns, with OverKeys keys over the limit.
+	Mix       bool
+	MixConns  int
+	Scenarios bool
+	OverKeys  int
 	closedloop.Loop
 	Seed   uint64 // of the mix
 	Out    string // markdown report; "" writes none
@@ -48,7 +60,11 @@ func DefaultConfig() Config {
 		Sidecar:   "bin/sidecar",
 		Keys:      10_000,
 		Over:      0.1,
-		Loop: closedloop.Loop{Concurrency: 32, Conns: 4, Warmup: 2 * time.Second, Duration: 5 * time.Second,
+		Mix:       true,
+		MixConns:  4,
+		Scenarios: true,
+		OverKeys:  1_000,
+		Loop: closedloop.Loop{Concurrency: 32, Conns: closedloop.Counts{1, 4}, Warmup: 2 * time.Second, Duration: 5 * time.Second,
 			Rounds: 3, MaxRequests: 2_000_000},
 		Seed: 1,
 		Out:  "bench/results/authz.md",
@@ -61,6 +77,7 @@ func DefaultForwardAuthConfig() Config {
 	c.Interface = "http"
 	c.Out = "bench/results/forward-auth.md"
 	c.Proxies = "caddy,nginx"
+	c.Scenarios = false
 	return c
 }
 
@@ -96,6 +113,12 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 		fs.StringVar(&c.Proxies, "proxies", c.Proxies, "proxies measured with the check against without it, comma-separated (caddy, nginx); empty: none")
 	}
 	c.Loop.RegisterFlags(fs, c.grpc())
+	if c.grpc() {
+		fs.BoolVar(&c.Mix, "mix", c.Mix, "measure the mix (all limited routes, -keys keys, -over of them hot)")
+		fs.IntVar(&c.MixConns, "mix-conns", c.MixConns, "gRPC connections per target of the mix")
+		fs.BoolVar(&c.Scenarios, "scenarios", c.Scenarios, "measure the scenarios: one hot key, -keys keys, -over-keys keys over their limit, each on every -conns")
+		fs.IntVar(&c.OverKeys, "over-keys", c.OverKeys, "keys of the over scenario, each over its limit after its first request")
+	}
 	fs.Uint64Var(&c.Seed, "seed", c.Seed, "seed of the request mix")
 	fs.StringVar(&c.Out, "out", c.Out, "markdown report (relative paths: from the repository root); empty: none")
 	fs.BoolVar(&c.Strict, "strict", c.Strict, fmt.Sprintf("exit 1 when the sidecar misses a target (throughput ≥ %.2f×, p99 ≤ %.2f× the no-op's)", MinThroughputRatio, MaxP99Ratio))
@@ -119,10 +142,16 @@ func (c Config) Validate() error {
 		check(c.Interface == "http" && (p == "caddy" || p == "nginx"), "-proxies: %q is not caddy or nginx", p)
 	}
 	check(c.Keys >= 100 && c.Keys <= 1_000_000, "-keys %d: must be from 100 to 1000000", c.Keys)
+	check(c.Mix || (c.grpc() && c.Scenarios), "-mix=false -scenarios=false: nothing to measure")
+	check(c.MixConns >= 1 && c.MixConns <= 256, "-mix-conns %d: must be from 1 to 256", c.MixConns)
+	check(c.OverKeys >= 1 && c.OverKeys <= 100_000, "-over-keys %d: must be from 1 to 100000", c.OverKeys)
 	check(c.Over >= 0 && c.Over <= 0.5, "-over %g: must be from 0 to 0.5", c.Over)
 	errs = append(errs, c.Loop.Check()...)
-	if total := time.Duration(c.Rounds) * 2 * (c.Warmup + c.Duration) * time.Duration(1+len(c.ProxyList())); total > maxRun {
+	if total := time.Duration(c.Rounds) * 2 * (c.Warmup + c.Duration) * time.Duration(1+len(c.ProxyList())); c.Mix && total > maxRun {
 		errs = append(errs, fmt.Errorf("-rounds × 2 × (-warmup + -duration) × (1 + proxies) = %v: at most %v, since the tokens of the mix expire after 30 minutes", total, maxRun))
+	}
+	if total := time.Duration(c.Rounds) * 2 * (c.Warmup + c.Duration) * time.Duration(len(scenarios)*len(c.Conns)); c.grpc() && c.Scenarios && total > maxRun {
+		errs = append(errs, fmt.Errorf("3 scenarios × connection counts × -rounds × 2 × (-warmup + -duration) = %v: at most %v, since their tokens expire after 30 minutes", total, maxRun))
 	}
 	return errors.Join(errs...)
 }

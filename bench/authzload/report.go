@@ -3,6 +3,7 @@ package authzload
 import (
 	"fmt"
 	"io"
+	"slices"
 	"sort"
 	"strings"
 	"text/tabwriter"
@@ -11,6 +12,7 @@ import (
 	"github.com/converger/edge/bench/closedloop"
 	"github.com/converger/edge/bench/promscrape"
 	"github.com/converger/edge/bench/runinfo"
+	"github.com/converger/edge/shared/buckets"
 )
 
 // Report is the outcome of a load test.
@@ -42,6 +44,11 @@ type Report struct {
 	Counters              []promscrape.Sample
 	// Proxies (forward-auth) are the proxies measured with the check against alone.
 	Proxies []ProxyResult
+	// MixPass is the mix's verdict; Scenarios are the scenarios, each on each number of
+	// connections, and ScenariosPass their verdict on one connection.
+	MixPass       bool
+	Scenarios     []closedloop.ScenarioResult
+	ScenariosPass bool
 }
 
 // ProxyResult is a proxy with the forward-auth check against the same proxy alone.
@@ -62,12 +69,22 @@ type SetupInfo struct {
 	Requests, Prologue, Bytes int
 }
 
+// summarize decides the run: the mix meets its targets, and every scenario its aims on
+// one connection (on the fewest measured), of those measured.
 func (r *Report) summarize() {
-	c := closedloop.Compare(r.Phases, "sidecar", "no-op")
-	r.Sidecar, r.Noop = c.Target, c.Baseline
-	r.ThroughputRatio, r.P99Ratio = c.ThroughputRatio, c.P99Ratio
-	r.PairedThroughput, r.PairedP99 = c.PairedThroughput, c.PairedP99
-	r.Pass = c.Meets(MinThroughputRatio, MaxP99Ratio) && r.WarmupErrors == 0
+	r.Pass = true
+	if r.Config.Mix {
+		c := closedloop.Compare(r.Phases, "sidecar", "no-op")
+		r.Sidecar, r.Noop = c.Target, c.Baseline
+		r.ThroughputRatio, r.P99Ratio = c.ThroughputRatio, c.P99Ratio
+		r.PairedThroughput, r.PairedP99 = c.PairedThroughput, c.PairedP99
+		r.MixPass = c.Meets(MinThroughputRatio, MaxP99Ratio) && r.WarmupErrors == 0
+		r.Pass = r.MixPass
+	}
+	if r.Config.grpc() && r.Config.Scenarios {
+		r.ScenariosPass = closedloop.ScenariosPass(r.Scenarios, scenarioNames())
+		r.Pass = r.Pass && r.ScenariosPass
+	}
 }
 
 var (
@@ -102,7 +119,7 @@ func (r *Report) loops() string {
 	if r.Config.Interface == "http" {
 		return "one keep-alive HTTP/1.1 connection each"
 	}
-	return fmt.Sprintf("%d gRPC connections per target, round robin", r.Config.Conns)
+	return fmt.Sprintf("%d gRPC connections per target, round robin", r.Config.MixConns)
 }
 
 // flagRows lists the flags and their values.
@@ -113,11 +130,28 @@ func (r *Report) flagRows() [][2]string {
 		rows = append(rows, [2]string{"-proxies", c.Proxies})
 	}
 	rows = append(rows, c.Loop.Flags(c.grpc())...)
+	if c.grpc() {
+		rows = append(rows, [][2]string{{"-mix", fmt.Sprint(c.Mix)}, {"-mix-conns", fmt.Sprint(c.MixConns)}, {"-scenarios", fmt.Sprint(c.Scenarios)}, {"-over-keys", fmt.Sprint(c.OverKeys)}}...)
+	}
 	return append(rows, [][2]string{{"-seed", fmt.Sprint(c.Seed)}, {"-out", c.Out}, {"-strict", fmt.Sprint(c.Strict)}}...)
 }
 
 // WriteText prints the report's tables.
 func (r *Report) WriteText(w io.Writer) {
+	if r.Config.Mix {
+		r.writeMixText(w)
+	}
+	if len(r.Scenarios) > 0 {
+		fmt.Fprintf(w, "\nbench %s scenarios: %d rounds × (%v warm-up + %v measured) per target, concurrency %d over %s gRPC connections; load %s → %s\n\n",
+			r.name(), r.Config.Rounds, r.Config.Warmup, r.Config.Duration, r.Config.Concurrency, r.Config.Conns, r.LoadStart, r.LoadEnd)
+		closedloop.WriteScenariosText(w, r.Scenarios, ScenarioAims, "429")
+		fmt.Fprintf(w, "scenarios on %d connection: %s\n", slices.Min(r.Config.Conns), runinfo.Verdict(r.ScenariosPass))
+	}
+	fmt.Fprintf(w, "result: %s\n", runinfo.Verdict(r.Pass))
+}
+
+// writeMixText prints the mix's tables.
+func (r *Report) writeMixText(w io.Writer) {
 	c := r.Config
 	fmt.Fprintf(w, "\nbench %s: %d rounds × (%v warm-up + %v measured) per target, concurrency %d over %s\n",
 		r.name(), c.Rounds, c.Warmup, c.Duration, c.Concurrency, r.loops())
@@ -149,7 +183,7 @@ func (r *Report) WriteText(w io.Writer) {
 	fmt.Fprintf(w, "denials by the sidecar: %.1f%% of measured requests rate limited (429), %.2f%% rejected credentials; keys denied at least once: %d of %d (%d of %d hot keys, %d normal%s)\n",
 		pct(r.Sidecar.Denied, r.Sidecar.Requests), pct(r.Sidecar.Rejected, r.Sidecar.Requests),
 		r.KeysDenied, r.Setup.Keys, r.HotKeysDenied, r.Setup.HotKeys, r.KeysDenied-r.HotKeysDenied, r.normalDeniedByKind())
-	fmt.Fprintf(w, "result: %s\n", runinfo.Verdict(r.Pass))
+	fmt.Fprintf(w, "mix: %s\n", runinfo.Verdict(r.MixPass))
 	for _, p := range r.Proxies {
 		if p.Skipped != "" {
 			fmt.Fprintf(w, "\n%s: not measured: %s\n", p.Name, p.Skipped)
@@ -206,78 +240,28 @@ func (r *Report) Markdown() string {
 	} else {
 		fmt.Fprintf(&b, "# Authorization load test: sidecar against a no-op server\n\n")
 	}
-	fmt.Fprintf(&b, "Written by `bench %s` on %s. **Result: %s** (throughput sidecar/no-op %.3f, target ≥ %.2f; p99 sidecar/no-op %.3f, target ≤ %.2f; %d errors).\n\n",
-		r.name(), r.Started.UTC().Format("2006-01-02 15:04 UTC"), runinfo.Verdict(r.Pass), r.ThroughputRatio, MinThroughputRatio, r.P99Ratio, MaxP99Ratio,
-		r.Sidecar.Errors+r.Noop.Errors+r.WarmupErrors)
-
-	b.WriteString("## Result (medians over rounds)\n\n")
-	b.WriteString("| target | requests | req/s | p50 | p99 | errors | 429 | rejected credentials | CPU per check | generator CPU per check |\n|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|\n")
-	for _, s := range []closedloop.Summary{r.Sidecar, r.Noop} {
-		fmt.Fprintf(&b, "| %s | %d | %.0f | %s | %s | %d | %.1f%% | %.2f%% | %s | %s |\n", s.Target, s.Requests, s.RPS, runinfo.Latency(s.P50), runinfo.Latency(s.P99),
-			s.Errors, pct(s.Denied, s.Requests), pct(s.Rejected, s.Requests), fmtCPU(s.TargetCPU), fmtCPU(s.GenCPU))
+	fmt.Fprintf(&b, "Written by `bench %s` on %s. **Result: %s**", r.name(), r.Started.UTC().Format("2006-01-02 15:04 UTC"), runinfo.Verdict(r.Pass))
+	if c.Mix {
+		fmt.Fprintf(&b, "; the mix: %s (throughput sidecar/no-op %.3f, target ≥ %.2f; p99 sidecar/no-op %.3f, target ≤ %.2f; %d errors)",
+			runinfo.Verdict(r.MixPass), r.ThroughputRatio, MinThroughputRatio, r.P99Ratio, MaxP99Ratio, r.Sidecar.Errors+r.Noop.Errors+r.WarmupErrors)
 	}
-	b.WriteString("\n| ratio | value | target | verdict |\n|---|--:|--:|---|\n")
-	fmt.Fprintf(&b, "| throughput sidecar/no-op | %.3f | ≥ %.2f | %s |\n", r.ThroughputRatio, MinThroughputRatio, runinfo.Verdict(r.ThroughputRatio >= MinThroughputRatio))
-	fmt.Fprintf(&b, "| p99 sidecar/no-op | %.3f | ≤ %.2f | %s |\n", r.P99Ratio, MaxP99Ratio, runinfo.Verdict(r.P99Ratio <= MaxP99Ratio))
-	fmt.Fprintf(&b, "\nMedians of the per-round ratios (each round's sidecar phase against the same round's no-op phase): throughput %.3f, p99 %.3f.\n",
-		r.PairedThroughput, r.PairedP99)
-	fmt.Fprintf(&b, "\nCPU per check is the CPU time (user + system) of the target's process during its measured phases divided by the requests answered: the sidecar costs %+.1f%% of the no-op's. The load generator shares the machine, so a target's throughput follows its CPU per check.\n\n",
-		100*(ratio(float64(r.Sidecar.TargetCPU), float64(r.Noop.TargetCPU))-1))
-
-	b.WriteString("## Rounds\n\n| round | target | requests | req/s | p50 | p90 | p99 | p99.9 | max | errors | 429 | CPU/req | generator CPU/req | other load |\n|--:|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|\n")
-	for _, p := range r.Phases {
-		capped := ""
-		if p.Capped {
-			capped = " (capped)"
-		}
-		fmt.Fprintf(&b, "| %d | %s | %d%s | %.0f | %s | %s | %s | %s | %s | %d | %.1f%% | %s | %s | %s |\n", p.Round, p.Target, p.Requests, capped, p.RPS,
-			runinfo.Latency(p.P50), runinfo.Latency(p.P90), runinfo.Latency(p.P99), runinfo.Latency(p.P999), runinfo.Latency(p.Max), p.Errors, pct(p.Denied, p.Requests), fmtCPU(p.TargetCPU), fmtCPU(p.GenCPU), fmtLoad(p.OtherLoad))
+	if len(r.Scenarios) > 0 {
+		fmt.Fprintf(&b, "; the scenarios on %d connection: %s (%s)", slices.Min(c.Conns), runinfo.Verdict(r.ScenariosPass), ScenarioAims)
 	}
-	fmt.Fprintf(&b, "\nOther load is the CPU the rest of the machine used during the phase (other processes, and kernel work charged to none), in CPUs of the %d: on a shared machine, phases with more of it are slower for reasons outside the targets.\n", r.NProc)
-	fmt.Fprintf(&b, "\nRequests sent including warm-ups: sidecar %d, no-op %d.\n", r.SentSidecar, r.SentNoop)
-	for _, p := range r.Phases {
-		if p.FirstErr != "" {
-			fmt.Fprintf(&b, "\nFirst error of round %d, %s: `%s`\n", p.Round, p.Target, p.FirstErr)
-		}
+	b.WriteString(".\n\n")
+	if len(r.Scenarios) > 0 {
+		r.writeScenarios(&b)
 	}
-
-	b.WriteString("\n## Mix\n\n")
-	fmt.Fprintf(&b, "%d distinct keys, %d of them hot (driven over their limit in bursts); %d tenants and %d channels in PostgreSQL; %d pre-built requests (%.0f MB): a prologue of %d that sends every key once, then a body that repeats.\n\n",
-		r.Setup.Keys, r.Setup.HotKeys, r.Setup.Tenants, r.Setup.Channels, r.Setup.Requests, float64(r.Setup.Bytes)/1e6, r.Setup.Prologue)
-	b.WriteString("| key kind | keys | hot |\n|---|--:|--:|\n")
-	for k := range numKinds {
-		fmt.Fprintf(&b, "| %s | %d | %d |\n", k, r.Setup.Kinds[k][0], r.Setup.Kinds[k][1])
+	if c.Mix {
+		r.writeMix(&b)
 	}
-	b.WriteString("\nMeasured requests by class, and the sidecar's 429s:\n\n| request | route | first bucket | share | 429 on the sidecar |\n|---|---|---|--:|--:|\n")
-	for c := range numClasses {
-		cl := classes[c]
-		var cc closedloop.ClassCount
-		if int(c) < len(r.Sidecar.ByClass) {
-			cc = r.Sidecar.ByClass[c]
-		}
-		route, bucket := cl.Pattern, cl.Bucket
-		if route == "" {
-			route, bucket = "(not limited)", "—"
-		}
-		fmt.Fprintf(&b, "| %s | `%s %s` | %s | %.1f%% | %.1f%% |\n", cl.Name, cl.Method, route, bucket, pct(cc.Requests, r.Sidecar.Requests), pct(cc.Denied, cc.Requests))
-	}
-	fmt.Fprintf(&b, "\nKeys that got a 429 at least once (any phase): %d of %d — %d of the %d hot keys and %d normal keys%s.\n",
-		r.KeysDenied, r.Setup.Keys, r.HotKeysDenied, r.Setup.HotKeys, r.KeysDenied-r.HotKeysDenied, r.normalDeniedByKind())
-
-	if len(r.Counters) > 0 {
-		b.WriteString("\n## Sidecar counters at the end\n\n| metric | value |\n|---|--:|\n")
-		cs := append([]promscrape.Sample(nil), r.Counters...)
-		sort.Slice(cs, func(i, j int) bool { return cs[i].Name < cs[j].Name })
-		for _, ct := range cs {
-			fmt.Fprintf(&b, "| `%s` | %.0f |\n", ct.Name, ct.Value)
-		}
-	}
-
 	b.WriteString("\n## Environment\n\n")
 	fmt.Fprintf(&b, "- date: %s\n- go version: `%s` (bench built with %s)\n- CPU: %s, nproc %d\n- load average at start / end: %s / %s\n",
 		r.Started.UTC().Format(time.RFC3339), r.GoVersion, r.BenchGo, r.CPU, r.NProc, r.LoadStart, r.LoadEnd)
-	fmt.Fprintf(&b, "- setup: PostgreSQL started and migrated in %v, seeded in %v, mix built in %v\n",
-		r.Setup.Postgres.Round(time.Millisecond), r.Setup.Seed.Round(time.Millisecond), r.Setup.Mix.Round(time.Millisecond))
+	if c.Mix {
+		fmt.Fprintf(&b, "- setup: PostgreSQL started and migrated in %v, seeded in %v, mix built in %v\n",
+			r.Setup.Postgres.Round(time.Millisecond), r.Setup.Seed.Round(time.Millisecond), r.Setup.Mix.Round(time.Millisecond))
+	}
 
 	b.WriteString("\n## Flags\n\n| flag | value |\n|---|---|\n")
 	for _, f := range r.flagRows() {
@@ -314,13 +298,16 @@ func (r *Report) Markdown() string {
 ## Method
 
 - Both targets are separate processes on loopback, started by the load test: `+"`bin/sidecar`"+` with a throwaway
-  PostgreSQL (seeded with COPY), TOKEN_VERIFY_KEYS, TRUSTED_PROXIES=%s and LOG_LEVEL=warn; and
-  `+"`bin/bench noop`"+`, a gRPC server with the sidecar's server options whose Check returns OK.
+  PostgreSQL (seeded with COPY), TOKEN_VERIFY_KEYS, TRUSTED_PROXIES=%s and LOG_LEVEL=warn, whose Check reads
+  and writes its messages with its own codec (sidecar/envoywire); and `+"`bin/bench noop`"+`, a plain grpc-go
+  server with gRPC's standard proto codec and the sidecar's keepalive and message-size options, whose Check
+  returns OK.
 - Requests are built and marshaled before measuring, as Envoy sends them (source = the load balancer,
   client in x-forwarded-for, lower-case headers with the credential, x-request-id, user-agent,
   content-type), and sent as they are, so the generator does the same work for both targets.
 - Closed loop: %d workers, each sending its next request when the previous one is answered, over %d
-  connections per target (round robin). Each target keeps its own position in the request sequence.
+  connections per target for the mix (round robin; the scenarios on each of their numbers of connections).
+  Each target keeps its own position in the request sequence.
 - Rounds alternate the order of the targets (round 1: sidecar first, round 2: no-op first, …). Each
   phase is a %v unmeasured warm-up (the first one lasts at least until every key has been sent once,
   so that the sidecar's caches are filled), then %v measured (at most %d requests). Latency is
@@ -330,8 +317,89 @@ func (r *Report) Markdown() string {
   each measured phase. The targets and the generator share the machine's CPUs, so the throughput
   ratio follows (generator + no-op CPU) / (generator + sidecar CPU) per check; CPU per check is the
   steadier figure when other processes load the machine ("other load").
-- The sidecar's limits are the built-in defaults; hot keys get one burst per pass over the body
+- In the mix, the sidecar's limits are the built-in defaults; hot keys get one burst per pass over the body
   (1.5× a one-second bucket's limit, twice a longer bucket's), at half the requests of its span.
-`, TrustedProxies, c.Concurrency, c.Conns, c.Warmup, c.Duration, c.MaxRequests)
+`, TrustedProxies, c.Concurrency, c.MixConns, c.Warmup, c.Duration, c.MaxRequests)
 	return b.String()
+}
+
+// writeMix renders the mix's sections.
+func (r *Report) writeMix(b *strings.Builder) {
+	b.WriteString("## The mix: all limited routes, medians over rounds\n\n")
+	b.WriteString("| target | requests | req/s | p50 | p99 | errors | 429 | rejected credentials | CPU per check | generator CPU per check |\n|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|\n")
+	for _, s := range []closedloop.Summary{r.Sidecar, r.Noop} {
+		fmt.Fprintf(b, "| %s | %d | %.0f | %s | %s | %d | %.1f%% | %.2f%% | %s | %s |\n", s.Target, s.Requests, s.RPS, runinfo.Latency(s.P50), runinfo.Latency(s.P99),
+			s.Errors, pct(s.Denied, s.Requests), pct(s.Rejected, s.Requests), fmtCPU(s.TargetCPU), fmtCPU(s.GenCPU))
+	}
+	b.WriteString("\n| ratio | value | target | verdict |\n|---|--:|--:|---|\n")
+	fmt.Fprintf(b, "| throughput sidecar/no-op | %.3f | ≥ %.2f | %s |\n", r.ThroughputRatio, MinThroughputRatio, runinfo.Verdict(r.ThroughputRatio >= MinThroughputRatio))
+	fmt.Fprintf(b, "| p99 sidecar/no-op | %.3f | ≤ %.2f | %s |\n", r.P99Ratio, MaxP99Ratio, runinfo.Verdict(r.P99Ratio <= MaxP99Ratio))
+	fmt.Fprintf(b, "\nMedians of the per-round ratios (each round's sidecar phase against the same round's no-op phase): throughput %.3f, p99 %.3f.\n",
+		r.PairedThroughput, r.PairedP99)
+	fmt.Fprintf(b, "\nCPU per check is the CPU time (user + system) of the target's process during its measured phases divided by the requests answered: the sidecar costs %+.1f%% of the no-op's. The load generator shares the machine, so a target's throughput follows its CPU per check.\n\n",
+		100*(ratio(float64(r.Sidecar.TargetCPU), float64(r.Noop.TargetCPU))-1))
+
+	b.WriteString("## Rounds\n\n| round | target | requests | req/s | p50 | p90 | p99 | p99.9 | max | errors | 429 | CPU/req | generator CPU/req | other load |\n|--:|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|\n")
+	for _, p := range r.Phases {
+		capped := ""
+		if p.Capped {
+			capped = " (capped)"
+		}
+		fmt.Fprintf(b, "| %d | %s | %d%s | %.0f | %s | %s | %s | %s | %s | %d | %.1f%% | %s | %s | %s |\n", p.Round, p.Target, p.Requests, capped, p.RPS,
+			runinfo.Latency(p.P50), runinfo.Latency(p.P90), runinfo.Latency(p.P99), runinfo.Latency(p.P999), runinfo.Latency(p.Max), p.Errors, pct(p.Denied, p.Requests), fmtCPU(p.TargetCPU), fmtCPU(p.GenCPU), fmtLoad(p.OtherLoad))
+	}
+	fmt.Fprintf(b, "\nOther load is the CPU the rest of the machine used during the phase (other processes, and kernel work charged to none), in CPUs of the %d: on a shared machine, phases with more of it are slower for reasons outside the targets.\n", r.NProc)
+	fmt.Fprintf(b, "\nRequests sent including warm-ups: sidecar %d, no-op %d.\n", r.SentSidecar, r.SentNoop)
+	for _, p := range r.Phases {
+		if p.FirstErr != "" {
+			fmt.Fprintf(b, "\nFirst error of round %d, %s: `%s`\n", p.Round, p.Target, p.FirstErr)
+		}
+	}
+
+	b.WriteString("\n## Mix\n\n")
+	fmt.Fprintf(b, "%d distinct keys, %d of them hot (driven over their limit in bursts); %d tenants and %d channels in PostgreSQL; %d pre-built requests (%.0f MB): a prologue of %d that sends every key once, then a body that repeats.\n\n",
+		r.Setup.Keys, r.Setup.HotKeys, r.Setup.Tenants, r.Setup.Channels, r.Setup.Requests, float64(r.Setup.Bytes)/1e6, r.Setup.Prologue)
+	b.WriteString("| key kind | keys | hot |\n|---|--:|--:|\n")
+	for k := range numKinds {
+		fmt.Fprintf(b, "| %s | %d | %d |\n", k, r.Setup.Kinds[k][0], r.Setup.Kinds[k][1])
+	}
+	b.WriteString("\nMeasured requests by class, and the sidecar's 429s:\n\n| request | route | first bucket | share | 429 on the sidecar |\n|---|---|---|--:|--:|\n")
+	for c := range numClasses {
+		cl := classes[c]
+		var cc closedloop.ClassCount
+		if int(c) < len(r.Sidecar.ByClass) {
+			cc = r.Sidecar.ByClass[c]
+		}
+		route, bucket := cl.Pattern, cl.Bucket
+		if route == "" {
+			route, bucket = "(not limited)", "—"
+		}
+		fmt.Fprintf(b, "| %s | `%s %s` | %s | %.1f%% | %.1f%% |\n", cl.Name, cl.Method, route, bucket, pct(cc.Requests, r.Sidecar.Requests), pct(cc.Denied, cc.Requests))
+	}
+	fmt.Fprintf(b, "\nKeys that got a 429 at least once (any phase): %d of %d — %d of the %d hot keys and %d normal keys%s.\n",
+		r.KeysDenied, r.Setup.Keys, r.HotKeysDenied, r.Setup.HotKeys, r.KeysDenied-r.HotKeysDenied, r.normalDeniedByKind())
+
+	if len(r.Counters) > 0 {
+		b.WriteString("\n## Sidecar counters at the end\n\n| metric | value |\n|---|--:|\n")
+		cs := append([]promscrape.Sample(nil), r.Counters...)
+		sort.Slice(cs, func(i, j int) bool { return cs[i].Name < cs[j].Name })
+		for _, ct := range cs {
+			fmt.Fprintf(b, "| `%s` | %.0f |\n", ct.Name, ct.Value)
+		}
+	}
+
+}
+
+// writeScenarios renders the scenarios' section.
+func (r *Report) writeScenarios(b *strings.Builder) {
+	c := r.Config
+	b.WriteString("## Scenarios: one hot key, many keys, keys over their limit (medians over rounds)\n\n")
+	fmt.Fprintf(b, "Each on %s gRPC connections per target, against the same no-op, by a sidecar of their own: no database, TOKEN_VERIFY_KEYS and TRUSTED_PROXIES as for the mix, and RATE_LIMIT_CONFIG raising `%s` far above what is sent and setting `%s` to one an hour:\n\n",
+		c.Conns, buckets.ActivityCreate, buckets.Upload)
+	for _, s := range scenarios {
+		fmt.Fprintf(b, "- **%s**: %s.\n", s.Name, s.Summary)
+	}
+	b.WriteString("\nEvery request is a CheckRequest as Envoy sends it for a browser's POST behind a load balancer: 20 headers (the bearer token among them), the source and destination addresses, the request's time and size, empty metadata.\n\n")
+	closedloop.WriteScenariosMarkdown(b, r.Scenarios, ScenarioAims, "429", r.NProc)
+	b.WriteString("\n")
 }

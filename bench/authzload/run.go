@@ -18,9 +18,9 @@ import (
 	"github.com/converger/edge/shared/proxyserver"
 )
 
-// Run runs the load test: setup, the alternating rounds, the report on stdout and in
-// cfg.Out. Progress goes to stderr. Every process it starts is stopped before it returns,
-// also on error and when ctx ends (Ctrl-C).
+// Run runs the load test: setup, the alternating rounds of the mix and of the scenarios,
+// the report on stdout and in cfg.Out. Progress goes to stderr. Every process it starts
+// is stopped before it returns, also on error and when ctx ends (Ctrl-C).
 func Run(ctx context.Context, cfg Config, stdout, stderr io.Writer) (rep *Report, err error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
@@ -32,12 +32,46 @@ func Run(ctx context.Context, cfg Config, stdout, stderr io.Writer) (rep *Report
 		return nil, err
 	}
 	rep = &Report{Config: cfg, Started: time.Now(), Machine: runinfo.Describe(ctx), LoadStart: runinfo.LoadAvg()}
+	noopCommand := "noop"
+	if !cfg.grpc() {
+		noopCommand = "noop-forward-auth"
+	}
+	noop, noopAddr, err := procs.StartNoop(ctx, noopCommand, stderr)
+	if err != nil {
+		return nil, err
+	}
+	defer noop.Stop()
+	if cfg.Mix {
+		if err := runMix(ctx, cfg, rep, root, sidecarBin, noop, noopAddr, stderr, logf); err != nil {
+			return nil, err
+		}
+	}
+	if cfg.grpc() && cfg.Scenarios {
+		if rep.Scenarios, err = runScenarios(ctx, cfg, sidecarBin, closedloop.Endpoint{Name: "no-op", Addr: noopAddr, Proc: noop}, stderr, logf); err != nil {
+			return nil, err
+		}
+	}
+	rep.LoadEnd = runinfo.LoadAvg()
+	rep.summarize()
 
+	rep.WriteText(stdout)
+	if out, err := procs.WriteReport(root, cfg.Out, rep.Markdown()); err != nil {
+		return rep, err
+	} else if out != "" {
+		logf("report written to %s", out)
+	}
+	return rep, nil
+}
+
+// runMix measures the mix: a throwaway PostgreSQL seeded with its tenants and channels,
+// the sidecar over it, the mix's rounds against it and the no-op, and for forward-auth
+// the proxies.
+func runMix(ctx context.Context, cfg Config, rep *Report, root, sidecarBin string, noop *procs.Proc, noopAddr string, stderr io.Writer, logf func(string, ...any)) (err error) {
 	// PostgreSQL, schema and data.
 	t0 := time.Now()
 	pg, err := pgserver.Start(ctx, pgserver.Options{})
 	if err != nil {
-		return nil, err
+		return err
 	}
 	defer func() {
 		if stopErr := pg.Stop(); stopErr != nil && err == nil {
@@ -45,22 +79,22 @@ func Run(ctx context.Context, cfg Config, stdout, stderr io.Writer) (rep *Report
 		}
 	}()
 	if err := migrations.Up(ctx, pg.URL()); err != nil {
-		return nil, err
+		return err
 	}
 	rep.Setup.Postgres = time.Since(t0)
 	t0 = time.Now()
 	pop, err := NewPopulation(cfg.Keys, cfg.Over, cfg.Seed, time.Now())
 	if err != nil {
-		return nil, err
+		return err
 	}
 	if err := Seed(ctx, pg.URL(), pop); err != nil {
-		return nil, err
+		return err
 	}
 	rep.Setup.Seed = time.Since(t0)
 	t0 = time.Now()
 	mix, err := BuildMix(pop, cfg.Seed, time.Now())
 	if err != nil {
-		return nil, err
+		return err
 	}
 	rep.Setup.Mix = time.Since(t0)
 	rep.Setup.Tenants, rep.Setup.Channels, rep.Setup.Keys, rep.Setup.HotKeys = len(pop.Tenants), len(pop.Channels), len(pop.Keys), pop.HotKeys()
@@ -72,25 +106,20 @@ func Run(ctx context.Context, cfg Config, stdout, stderr io.Writer) (rep *Report
 		rep.Setup.Postgres.Round(time.Millisecond), len(pop.Tenants), len(pop.Channels), len(pop.Normal[KindToken])+len(pop.Hot[KindToken]),
 		rep.Setup.Seed.Round(time.Millisecond), mix.Len(), float64(mix.Size())/1e6, rep.Setup.Mix.Round(time.Millisecond))
 
-	// The two targets, each a separate process. The forward-auth checks come from the
-	// load generator, a proxy on loopback, which the sidecar must trust.
-	trusted, noopCommand := TrustedProxies, "noop"
+	// The sidecar, a separate process. The forward-auth checks come from the load
+	// generator, a proxy on loopback, which the sidecar must trust.
+	trusted := TrustedProxies
 	if !cfg.grpc() {
-		trusted, noopCommand = TrustedProxies+",127.0.0.1", "noop-forward-auth"
+		trusted = TrustedProxies + ",127.0.0.1"
 	}
 	sc, scAddr, scHTTP, err := procs.StartSidecar(ctx, sidecarBin, []string{
 		"DATABASE_URL=" + pg.URL(), "TOKEN_VERIFY_KEYS=" + pop.TokenVerifyKey, "TRUSTED_PROXIES=" + trusted,
 		"LOG_LEVEL=warn", "LOG_FORMAT=text",
 	}, stderr)
 	if err != nil {
-		return nil, err
+		return err
 	}
 	defer sc.Stop()
-	noop, noopAddr, err := procs.StartNoop(ctx, noopCommand, stderr)
-	if err != nil {
-		return nil, err
-	}
-	defer noop.Stop()
 	if !cfg.grpc() {
 		scAddr = scHTTP
 	}
@@ -100,12 +129,12 @@ func Run(ctx context.Context, cfg Config, stdout, stderr io.Writer) (rep *Report
 	if cfg.grpc() {
 		reqs := closedloop.NewGRPCRequests(rawcheck.Method, mix.Len(), mix.Bytes, func() closedloop.Reply { return new(rawcheck.Reply) })
 		dial = func(addr string) (closedloop.Caller, error) {
-			return closedloop.DialGRPC(ctx, addr, cfg.Conns, cfg.Concurrency, reqs)
+			return closedloop.DialGRPC(ctx, addr, cfg.MixConns, cfg.Concurrency, reqs)
 		}
 	} else {
 		checks, err := forwardAuthRequests(mix)
 		if err != nil {
-			return nil, err
+			return err
 		}
 		dial = func(addr string) (closedloop.Caller, error) {
 			return closedloop.NewHTTPCaller(addr, cfg.Concurrency, checks), nil
@@ -118,7 +147,7 @@ func Run(ctx context.Context, cfg Config, stdout, stderr io.Writer) (rep *Report
 	}{{"sidecar", scAddr, sc}, {"no-op", noopAddr, noop}} {
 		c, err := dial(t.addr)
 		if err != nil {
-			return nil, fmt.Errorf("%s: %w", t.name, err)
+			return fmt.Errorf("%s: %w", t.name, err)
 		}
 		target := closedloop.NewTarget(t.name, t.addr, t.proc, c, len(pop.Keys))
 		defer target.Close()
@@ -131,22 +160,21 @@ func Run(ctx context.Context, cfg Config, stdout, stderr io.Writer) (rep *Report
 	r := closedloop.NewRunner(workload{mix}, cfg.Concurrency, cfg.MaxRequests)
 	rounds := closedloop.Rounds{Rounds: cfg.Rounds, Warmup: cfg.Warmup, Duration: cfg.Duration, Prologue: mix.Prologue, Logf: logf}
 	if rep.Phases, rep.WarmupErrors, err = r.RunRounds(ctx, targets, rounds); err != nil {
-		return nil, err
+		return err
 	}
 	if !cfg.grpc() && len(cfg.ProxyList()) > 0 {
 		reqs, err := clientRequests(mix)
 		if err != nil {
-			return nil, err
+			return err
 		}
 		for _, name := range cfg.ProxyList() {
 			pr, err := measureProxy(ctx, cfg, root, name, scHTTP, noopAddr, r, rounds, reqs, len(pop.Keys), logf)
 			if err != nil {
-				return nil, err
+				return err
 			}
 			rep.Proxies = append(rep.Proxies, pr)
 		}
 	}
-	rep.LoadEnd = runinfo.LoadAvg()
 	for k, d := range sidecar.DeniedKeys {
 		if !d {
 			continue
@@ -161,15 +189,7 @@ func Run(ctx context.Context, cfg Config, stdout, stderr io.Writer) (rep *Report
 	}
 	rep.SentSidecar, rep.SentNoop = sidecar.Sent.Load(), noopT.Sent.Load()
 	rep.Counters, _ = promscrape.Scrape(ctx, "http://"+scHTTP+"/metrics", counterPrefixes) // none when it cannot
-	rep.summarize()
-
-	rep.WriteText(stdout)
-	if out, err := procs.WriteReport(root, cfg.Out, rep.Markdown()); err != nil {
-		return rep, err
-	} else if out != "" {
-		logf("report written to %s", out)
-	}
-	return rep, nil
+	return nil
 }
 
 // workload is the mix as the runner sends it.

@@ -2,7 +2,9 @@ package closedloop
 
 import (
 	"context"
+	"flag"
 	"fmt"
+	"io"
 	"net"
 	"slices"
 	"strings"
@@ -15,6 +17,33 @@ import (
 	"github.com/converger/edge/bench/noop"
 	"github.com/converger/edge/bench/rawcheck"
 )
+
+// -conns takes a comma-separated list that replaces the default, repeats counted once;
+// anything else is refused.
+func TestCountsFlag(t *testing.T) {
+	l := Loop{Conns: Counts{1, 4}}
+	fs := flag.NewFlagSet("t", flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	l.RegisterFlags(fs, true)
+	if err := fs.Parse([]string{"-conns", "2, 8,2"}); err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(l.Conns, Counts{2, 8}) || l.Conns.String() != "2,8" {
+		t.Fatalf("-conns 2,8,2: %v", l.Conns)
+	}
+	for _, bad := range []string{"", "1,x", "1,,4"} {
+		var c Counts
+		if err := c.Set(bad); err == nil {
+			t.Errorf("Set(%q) = %v, want an error", bad, c)
+		}
+	}
+	for _, c := range []Counts{nil, {0}, {1, 257}, {1, 2, 3, 4, 5, 6, 7, 8, 9}} {
+		l := Loop{Concurrency: 1, Conns: c, Duration: time.Second, Rounds: 1, MaxRequests: 1}
+		if errs := l.Check(); len(errs) != 1 || !strings.Contains(errs[0].Error(), "-conns") {
+			t.Errorf("-conns %v: %v, want one -conns error", c, errs)
+		}
+	}
+}
 
 // A sequence sends every key once, then a shuffle of the keys over and over, each
 // request its key's bytes.

@@ -57,11 +57,15 @@ func Run(ctx context.Context, cfg Config, stdout, stderr io.Writer) (*Report, er
 		if err != nil {
 			return nil, err
 		}
-		res, err := runScenario(ctx, cfg, w, s, scAddr, sc, noopAddr, noop, logf)
-		if err != nil {
-			return nil, err
+		reqs := closedloop.NewGRPCRequests(Method, w.Len(), w.Bytes, func() closedloop.Reply { return new(Reply) })
+		for _, conns := range cfg.Conns {
+			res, err := closedloop.RunGRPCScenario(ctx, cfg.Loop, conns, s.Name, s.Summary, w, w.Prologue, reqs,
+				closedloop.Endpoint{Name: "sidecar", Addr: scAddr, Proc: sc}, closedloop.Endpoint{Name: "no-op", Addr: noopAddr, Proc: noop}, Aims, logf)
+			if err != nil {
+				return nil, err
+			}
+			rep.Scenarios = append(rep.Scenarios, res)
 		}
-		rep.Scenarios = append(rep.Scenarios, res)
 	}
 	rep.LoadEnd = runinfo.LoadAvg()
 	rep.Counters, _ = promscrape.Scrape(ctx, "http://"+scHTTP+"/metrics", []string{"converger_rls_requests_total{", "converger_rls_hits_total{", "converger_rls_over_limit_total{"})
@@ -74,41 +78,4 @@ func Run(ctx context.Context, cfg Config, stdout, stderr io.Writer) (*Report, er
 		logf("report written to %s", out)
 	}
 	return rep, nil
-}
-
-func runScenario(ctx context.Context, cfg Config, w *Workload, s scenario, scAddr string, sc *procs.Proc, noopAddr string, noop *procs.Proc,
-	logf func(string, ...any)) (ScenarioResult, error) {
-	reqs := closedloop.NewGRPCRequests(Method, w.Len(), w.Bytes, func() closedloop.Reply { return new(Reply) })
-	var targets []*closedloop.Target
-	for _, t := range []struct {
-		name, addr string
-		proc       *procs.Proc
-	}{{"sidecar", scAddr, sc}, {"no-op", noopAddr, noop}} {
-		c, err := closedloop.DialGRPC(ctx, t.addr, cfg.Conns, cfg.Concurrency, reqs)
-		if err != nil {
-			return ScenarioResult{}, fmt.Errorf("%s: %w", t.name, err)
-		}
-		target := closedloop.NewTarget(t.name, t.addr, t.proc, c, w.Keys())
-		defer target.Close()
-		targets = append(targets, target)
-	}
-	sidecar := targets[0]
-	logf("scenario %s: %s; %d keys, %d requests", s.Name, s.Summary, w.Keys(), w.Len())
-	r := closedloop.NewRunner(w, cfg.Concurrency, cfg.MaxRequests)
-	phases, warmupErrors, err := r.RunRounds(ctx, targets, closedloop.Rounds{
-		Rounds: cfg.Rounds, Warmup: cfg.Warmup, Duration: cfg.Duration, Prologue: w.Prologue,
-		Logf: func(format string, args ...any) { logf(s.Name+": "+format, args...) },
-	})
-	if err != nil {
-		return ScenarioResult{}, err
-	}
-	res := ScenarioResult{Name: s.Name, Summary: s.Summary, Keys: w.Keys(), Phases: phases, WarmupErrors: warmupErrors,
-		Comparison: closedloop.Compare(phases, "sidecar", "no-op")}
-	for _, d := range sidecar.DeniedKeys {
-		if d {
-			res.KeysDenied++
-		}
-	}
-	res.Pass = res.Comparison.Meets(MinThroughputRatio, MaxP99Ratio) && warmupErrors == 0
-	return res, nil
 }

@@ -206,6 +206,7 @@ func runRLS(ctx context.Context, name string, args []string) int {
 			rep, err := rlsload.Run(ctx, cfg, os.Stdout, os.Stderr)
 			return err == nil && cfg.Strict && !rep.Pass, err
 		},
+		outputs: map[string]*string{"out": &cfg.Out},
 	})
 }
 
