@@ -11,7 +11,7 @@ BUILDFLAGS ?= -buildvcs=auto
 # committed figures (and pass -update-results to bin/bench for the load tests).
 BENCH_OUT ?= bench/out/$(shell date -u +%Y%m%dT%H%M%SZ)-go
 
-.PHONY: all build run test lint vet fmt-check unit bench bench-go bench-rls-go bench-authz bench-forward-auth bench-rls bench-core bench-cluster proto clean
+.PHONY: all build run test lint vet fmt-check unit bench bench-go bench-rls-go bench-envoywire bench-authz bench-forward-auth bench-rls bench-core bench-cluster proto clean
 
 all: build
 
@@ -51,7 +51,7 @@ unit:
 # against without it) and the rate limit service's, each against a no-op server in the same
 # run; the core's activity POSTs against pgx inserting the same rows directly; and the
 # cluster's overshoot and traffic against the sync interval (about 15 minutes).
-bench: bench-go bench-rls-go bench-authz bench-forward-auth bench-rls bench-core bench-cluster
+bench: bench-go bench-rls-go bench-envoywire bench-authz bench-forward-auth bench-rls bench-core bench-cluster
 
 bench-go:
 	@mkdir -p $(BENCH_OUT)
@@ -64,6 +64,14 @@ bench-rls-go:
 	$(GO) test -run '^$$' -bench 'BenchmarkDecide|BenchmarkCheck' -benchmem -count 6 ./sidecar/rls/ ./sidecar/authz/ | tee $(BENCH_OUT)/rls-decide.txt
 	@test -x $(GOBIN)/benchstat || $(GO) install golang.org/x/perf/cmd/benchstat@$(BENCHSTAT_VERSION)
 	$(GOBIN)/benchstat $(BENCH_OUT)/rls-decide.txt
+
+# Envoy's two requests answered through the envoywire codec (decode, decide, encode)
+# against proto.Unmarshal of the same bytes alone and the standard path whole.
+bench-envoywire:
+	@mkdir -p $(BENCH_OUT)
+	$(GO) test -run '^$$' -bench 'BenchmarkCheckRequest|BenchmarkRateLimitRequest' -benchmem -count 6 ./sidecar/envoywire/ | tee $(BENCH_OUT)/envoywire.txt
+	@test -x $(GOBIN)/benchstat || $(GO) install golang.org/x/perf/cmd/benchstat@$(BENCHSTAT_VERSION)
+	$(GOBIN)/benchstat -col /path $(BENCH_OUT)/envoywire.txt
 
 bench-authz: build
 	./bin/bench authz
