@@ -707,8 +707,9 @@ func (rawCodec) Unmarshal(data mem.BufferSlice, v any) error {
 	return nil
 }
 
-// Hostile gRPC input: malformed, non-UTF-8 and oversized messages are refused with an
-// error, and the sidecar keeps serving.
+// Hostile gRPC input: malformed and non-UTF-8 messages are refused as the sender's
+// mistake (InvalidArgument), oversized ones before they are read, and the sidecar keeps
+// serving.
 func TestRLSHostileGRPC(t *testing.T) {
 	t.Parallel()
 	n := startRLS(t, map[string]string{"RLS_CONFIG_DIR": writeRules(t, map[string]string{"shop.yaml": rulesShop})})
@@ -720,8 +721,8 @@ func TestRLSHostileGRPC(t *testing.T) {
 		msg  []byte
 		want codes.Code
 	}{
-		{"malformed", []byte{0x0a, 0xff, 0xff, 0xff}, codes.Internal},
-		{"non-UTF-8 domain", domain("sh\xffop"), codes.Internal},
+		{"malformed", []byte{0x0a, 0xff, 0xff, 0xff}, codes.InvalidArgument},
+		{"non-UTF-8 domain", domain("sh\xffop"), codes.InvalidArgument},
 		{"oversized", domain(strings.Repeat("x", 2<<20)), codes.ResourceExhausted},
 	} {
 		var reply []byte
