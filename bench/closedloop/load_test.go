@@ -78,26 +78,16 @@ func TestRunnerOverHTTP(t *testing.T) {
 
 // A gRPC target is called with the pre-marshaled requests; the no-op server allows them all.
 func TestRunnerOverGRPC(t *testing.T) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	s := noop.NewGRPCServer()
-	go func() { _ = s.Serve(l) }()
-	defer s.Stop()
-	b, err := proto.Marshal(&authv3.CheckRequest{})
-	if err != nil {
-		t.Fatal(err)
-	}
+	addr, b := startNoop(t)
 	w := testWorkload{3}
 	reqs := NewGRPCRequests(rawcheck.Method, w.Len(), func(int) []byte { return b }, func() Reply { return new(rawcheck.Reply) })
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	c, err := DialGRPC(ctx, l.Addr().String(), 2, 3, reqs)
+	c, err := DialGRPC(ctx, addr, 2, 3, reqs)
 	if err != nil {
 		t.Fatal(err)
 	}
-	target := NewTarget("grpc", l.Addr().String(), self{}, c, w.Keys())
+	target := NewTarget("grpc", addr, self{}, c, w.Keys())
 	defer target.Close()
 	phases, warmupErrors, err := NewRunner(w, 3, 300).RunRounds(ctx, []*Target{target}, Rounds{Rounds: 2, Warmup: 10 * time.Millisecond, Duration: 10 * time.Second})
 	if err != nil || warmupErrors != 0 || len(phases) != 2 {
@@ -108,4 +98,22 @@ func TestRunnerOverGRPC(t *testing.T) {
 			t.Errorf("round %d: %d requests, %d errors (%s), %d denied, %d rejected; want 300 allowed", p.Round, p.Requests, p.Errors, p.FirstErr, p.Denied, p.Rejected)
 		}
 	}
+}
+
+// startNoop starts the no-op gRPC server for the test, and returns its address and an
+// empty CheckRequest to send it.
+func startNoop(t *testing.T) (addr string, req []byte) {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := noop.NewGRPCServer()
+	go func() { _ = s.Serve(l) }()
+	t.Cleanup(s.Stop)
+	req, err = proto.Marshal(&authv3.CheckRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return l.Addr().String(), req
 }

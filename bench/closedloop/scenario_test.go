@@ -5,16 +5,11 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"net"
 	"slices"
 	"strings"
 	"testing"
 	"time"
 
-	authv3 "github.com/envoyproxy/go-control-plane/envoy/service/auth/v3"
-	"google.golang.org/protobuf/proto"
-
-	"github.com/converger/edge/bench/noop"
 	"github.com/converger/edge/bench/rawcheck"
 )
 
@@ -135,17 +130,7 @@ func TestAims(t *testing.T) {
 // A scenario measures target and baseline on the connections asked for, in rounds, and
 // its report has a line per scenario and number of connections.
 func TestRunGRPCScenario(t *testing.T) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	s := noop.NewGRPCServer()
-	go func() { _ = s.Serve(l) }()
-	defer s.Stop()
-	b, err := proto.Marshal(&authv3.CheckRequest{})
-	if err != nil {
-		t.Fatal(err)
-	}
+	addr, b := startNoop(t)
 	w, err := NewSequence(3, 1, func(int) ([]byte, error) { return b, nil })
 	if err != nil {
 		t.Fatal(err)
@@ -154,7 +139,6 @@ func TestRunGRPCScenario(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	loop := Loop{Concurrency: 2, Rounds: 2, Warmup: 10 * time.Millisecond, Duration: 10 * time.Second, MaxRequests: 40}
-	addr := l.Addr().String()
 	var results []ScenarioResult
 	for _, conns := range []int{1, 2} {
 		res, err := RunGRPCScenario(ctx, loop, conns, "hot", "a no-op", w, w.Prologue, reqs,
