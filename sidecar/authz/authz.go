@@ -24,6 +24,7 @@ import (
 	"github.com/converger/edge/sidecar/metrics"
 	"github.com/converger/edge/sidecar/routes"
 	"github.com/converger/edge/sidecar/tenants"
+	"github.com/converger/edge/sidecar/traffic"
 )
 
 // Overrides gives a tenant's limit overrides; *tenants.Directory implements it.
@@ -47,6 +48,7 @@ type Server struct {
 	overrides Overrides // nil without a database
 	metrics   *metrics.Metrics
 	none      prometheus.Counter
+	traffic   *traffic.Recorder // nil: decisions are not recorded for the live view
 }
 
 // step is a route step with everything resolved that does not depend on the request.
@@ -93,6 +95,10 @@ func New(table *routes.Table, ident *identity.Resolver, lim *limiter.Limiter, li
 	}
 	return s, nil
 }
+
+// RecordTraffic makes every decision count in the live view's minutes and busiest keys
+// (sidecar/traffic). Call it before serving.
+func (s *Server) RecordTraffic(r *traffic.Recorder) { s.traffic = r }
 
 // Check decides on one request. Every decision is an answer, never a gRPC error: Envoy
 // treats errors as failures of the service, not as denials.
@@ -159,7 +165,11 @@ func (s *Server) decide(req Request) *authv3.CheckResponse {
 		if id.Src == token.SrcPublishable && st.publishable.name != "" {
 			c = &st.publishable
 		}
-		res := s.limiter.Check(limiter.Key{Bucket: c.id, ID: id.ID}, 1, s.limit(c, id.TenantID))
+		k := limiter.Key{Bucket: c.id, ID: id.ID}
+		res := s.limiter.Check(k, 1, s.limit(c, id.TenantID))
+		if s.traffic != nil {
+			s.traffic.Note(k, res)
+		}
 		if !res.Allowed {
 			c.metrics.Denied.Inc()
 			c.metrics.Exceeded.Inc()
