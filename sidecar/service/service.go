@@ -34,6 +34,7 @@ import (
 	"github.com/converger/edge/sidecar/ops"
 	"github.com/converger/edge/sidecar/routes"
 	"github.com/converger/edge/sidecar/tenants"
+	"github.com/converger/edge/sidecar/traffic"
 )
 
 // Sidecar is a running sidecar.
@@ -43,6 +44,8 @@ type Sidecar struct {
 	Limiter            *limiter.Limiter
 	Metrics            *metrics.Metrics
 	Cluster            *cluster.Cluster // nil with the local backend
+	// Traffic records every decision for the console's live view.
+	Traffic *traffic.Recorder
 
 	log      *slog.Logger
 	grpc     *grpc.Server
@@ -89,6 +92,7 @@ func Start(cfg *config.Config, o Options) (*Sidecar, error) {
 	s.Limiter = limiter.New(limiter.Options{Now: o.Now, Replicated: cfg.Backend == "cluster"})
 	s.Metrics.GaugeFunc("converger_sidecar_limiter_keys", "Live counters in the limiter.", func() float64 { return float64(s.Limiter.Len()) })
 	s.wg.Go(func() { s.Limiter.RunSweeper(cfg.CleanPeriod, ctx.Done()) })
+	s.Traffic = traffic.New(s.Limiter)
 
 	var dir identity.Directory
 	var overrides authz.Overrides
@@ -128,7 +132,7 @@ func Start(cfg *config.Config, o Options) (*Sidecar, error) {
 		s.Cluster, err = cluster.Start(cluster.Config{
 			NodeName: cl.NodeName, BindAddr: cl.BindAddr, AdvertiseAddr: cl.AdvertiseAddr,
 			Strategy: cl.Strategy, Join: cl.Join, DNSName: cl.DNSName, SecretKey: cl.SecretKey,
-			SyncInterval: cfg.SyncInterval, ShareMode: cfg.ShareMode,
+			SyncInterval: cfg.SyncInterval, ShareMode: cfg.ShareMode, Traffic: s.Traffic,
 			Now: o.Now, Logger: log, Registry: s.Metrics.Registry,
 		}, s.Limiter)
 		if err != nil {
@@ -145,6 +149,7 @@ func Start(cfg *config.Config, o Options) (*Sidecar, error) {
 	if err != nil {
 		return nil, err
 	}
+	az.RecordTraffic(s.Traffic)
 
 	s.grpc = grpc.NewServer(GRPCServerOptions()...)
 	authv3.RegisterAuthorizationServer(s.grpc, az)
@@ -152,7 +157,9 @@ func Start(cfg *config.Config, o Options) (*Sidecar, error) {
 	if s.dir != nil {
 		limitOverrides = s.dir
 	}
-	limiterpb.RegisterLimiterServer(s.grpc, limitapi.New(s.Limiter, cfg, limitOverrides, s.Metrics))
+	limitAPI := limitapi.New(s.Limiter, cfg, limitOverrides, s.Metrics)
+	limitAPI.ServeLiveView(limitapi.LiveView{Traffic: s.Traffic, Installation: cfg.Limits, Routes: table.Routes(), Cluster: s.Cluster})
+	limiterpb.RegisterLimiterServer(s.grpc, limitAPI)
 	s.health = health.NewServer()
 	healthpb.RegisterHealthServer(s.grpc, s.health)
 	reflection.Register(s.grpc)
