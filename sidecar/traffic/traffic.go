@@ -38,7 +38,7 @@ const (
 	MaxRemoteBuckets = 256
 	// stripes spreads one bucket's counters over several cache lines, chosen by key,
 	// so that parallel checks of different keys do not all write one line.
-	stripes = 8
+	stripes  = 8
 	minuteMS = 60_000
 )
 
@@ -65,7 +65,7 @@ type Recorder struct {
 	lim *limiter.Limiter
 	now func() int64 // Unix milliseconds
 
-	mu      sync.Mutex                 // grows buckets; guards remote
+	mu      sync.Mutex                // grows buckets; guards remote
 	buckets atomic.Pointer[[]*bucket] // by limiter.BucketID, copy-on-write
 	remote  map[string]*origin
 }

@@ -21,7 +21,7 @@ func newClock() *clock {
 	return c
 }
 
-func (c *clock) now() time.Time        { return time.UnixMilli(c.ms.Load()) }
+func (c *clock) now() time.Time          { return time.UnixMilli(c.ms.Load()) }
 func (c *clock) advance(d time.Duration) { c.ms.Add(d.Milliseconds()) }
 
 func newRecorder(t testing.TB, replicated bool) (*Recorder, *limiter.Limiter, *clock) {
