@@ -55,6 +55,7 @@ const (
 	LoginAccount         = "login_account"
 	PasswordResetIP      = "password_reset_ip"
 	PasswordResetAccount = "password_reset_account"
+	AdminWrite           = "admin_write"
 )
 
 // BuiltIn lists the built-in buckets in a stable order.
@@ -70,6 +71,9 @@ var BuiltIn = []Bucket{
 	{LoginAccount, Limit{5, time.Minute}, PerAccount, "", false},
 	{PasswordResetIP, Limit{5, time.Minute}, PerIP, "ip:", false},
 	{PasswordResetAccount, Limit{3, time.Hour}, PerAccount, "", false},
+	// The console's changes (the admin API's writes and the admin pages' forms), counted
+	// before the admin is authenticated.
+	{AdminWrite, Limit{60, time.Minute}, PerIP, "ip:", false},
 }
 
 // Lookup returns the built-in bucket with that name.

@@ -50,7 +50,7 @@ func TestBuiltInTable(t *testing.T) {
 		ActivityCreate: {100, time.Second}, Upload: {10, time.Second}, Inbound: {500, time.Second},
 		TokenGenerate: {10, time.Minute}, PublishableTokenIP: {10, time.Minute}, PublishableToken: {300, time.Minute},
 		TokenCreate: {10, time.Minute}, LoginIP: {5, time.Minute}, LoginAccount: {5, time.Minute},
-		PasswordResetIP: {5, time.Minute}, PasswordResetAccount: {3, time.Hour},
+		PasswordResetIP: {5, time.Minute}, PasswordResetAccount: {3, time.Hour}, AdminWrite: {60, time.Minute},
 	}
 	if len(BuiltIn) != len(want) {
 		t.Fatalf("%d built-in buckets, want %d", len(BuiltIn), len(want))
