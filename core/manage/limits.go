@@ -5,9 +5,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"math"
 	"slices"
-	"strconv"
 	"strings"
 	"time"
 
@@ -44,24 +42,11 @@ func registerLimits() {
 // parseLimitSpec reads "bucket=limit/window", e.g. "inbound=2000/1s".
 func parseLimitSpec(spec string) (string, buckets.Limit, error) {
 	name, value, ok := strings.Cut(spec, "=")
-	count, window, ok2 := strings.Cut(value, "/")
-	if !ok || !ok2 || name == "" {
+	if !ok || name == "" || !strings.Contains(value, "/") {
 		return "", buckets.Limit{}, fmt.Errorf("%q: write BUCKET=LIMIT/WINDOW, e.g. inbound=2000/1s", spec)
 	}
-	if b, ok := buckets.Lookup(name); !ok || !b.Overridable {
-		return "", buckets.Limit{}, fmt.Errorf("%q: %q is not an overridable bucket (allowed: %s)",
-			spec, name, strings.Join(buckets.OverridableNames(), ", "))
-	}
-	n, err := strconv.ParseUint(count, 10, 64)
-	if err != nil || n == 0 || n > math.MaxUint32 {
-		return "", buckets.Limit{}, fmt.Errorf("%q: the limit %q must be a positive integer up to %d", spec, count, uint32(math.MaxUint32))
-	}
-	d, err := time.ParseDuration(window)
+	l, err := store.ParseOverride(name, value)
 	if err != nil {
-		return "", buckets.Limit{}, fmt.Errorf("%q: the window %q is not a duration such as 500ms, 1s, 60s or 1h", spec, window)
-	}
-	l := buckets.Limit{Count: uint32(n), Window: d}
-	if err := store.CheckOverride(name, l); err != nil {
 		return "", buckets.Limit{}, fmt.Errorf("%q: %v", spec, err)
 	}
 	return name, l, nil
