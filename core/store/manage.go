@@ -349,6 +349,40 @@ func (o *Operator) ClearLimits(ctx context.Context, tenantID string, names []str
 	})
 }
 
+// EditLimits sets the overrides in set and removes those named in drop, in one
+// transaction, as SetLimits and ClearLimits do (the console's form, which shows every
+// bucket): audited as limits.set, or limits.clear when nothing is set.
+func (o *Operator) EditLimits(ctx context.Context, tenantID string, set buckets.Overrides, drop []string) (LimitsChange, error) {
+	if len(set) == 0 && len(drop) == 0 {
+		return LimitsChange{}, invalidf("no limits to set or clear")
+	}
+	for name, l := range set {
+		if err := CheckOverride(name, l); err != nil {
+			return LimitsChange{}, err
+		}
+	}
+	for _, name := range drop {
+		if b, ok := buckets.Lookup(name); !ok || !b.Overridable {
+			return LimitsChange{}, invalidf("%q is not an overridable bucket (allowed: %s)", name, strings.Join(buckets.OverridableNames(), ", "))
+		}
+		if _, both := set[name]; both {
+			return LimitsChange{}, invalidf("%s is both set and cleared", name)
+		}
+	}
+	action := "limits.set"
+	if len(set) == 0 {
+		action = "limits.clear"
+	}
+	return o.changeLimits(ctx, tenantID, action, func(doc map[string]json.RawMessage) {
+		for _, name := range drop {
+			delete(doc, name)
+		}
+		for name, l := range set {
+			doc[name] = json.RawMessage(fmt.Sprintf(`{"limit":%d,"scale_ms":%d}`, l.Count, l.Window.Milliseconds()))
+		}
+	})
+}
+
 func (o *Operator) changeLimits(ctx context.Context, tenantID, action string, edit func(map[string]json.RawMessage)) (LimitsChange, error) {
 	if !ids.IsUUID(tenantID) {
 		return LimitsChange{}, ErrNotFound

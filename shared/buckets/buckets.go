@@ -28,6 +28,18 @@ type Limit struct {
 // String formats a limit as "100/1s".
 func (l Limit) String() string { return fmt.Sprintf("%d/%s", l.Count, l.Window) }
 
+// Spec writes a limit as `core limits set` takes it: 2000/1s, 10/1m, 3/1h, 5/1500ms.
+func (l Limit) Spec() string {
+	w := l.Window.String() // 1m0s, 1h0m0s, 1.5s, 500ms
+	if strings.HasSuffix(w, "m0s") {
+		w = strings.TrimSuffix(w, "0s")
+	}
+	if strings.HasSuffix(w, "h0m") {
+		w = strings.TrimSuffix(w, "0m")
+	}
+	return fmt.Sprintf("%d/%s", l.Count, w)
+}
+
 // Bucket is one built-in bucket.
 type Bucket struct {
 	Name string

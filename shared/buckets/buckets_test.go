@@ -75,3 +75,14 @@ func TestBuiltInTable(t *testing.T) {
 		}
 	}
 }
+
+func TestLimitSpec(t *testing.T) {
+	for l, want := range map[Limit]string{
+		{2000, time.Second}: "2000/1s", {10, time.Minute}: "10/1m", {3, time.Hour}: "3/1h",
+		{5, 1500 * time.Millisecond}: "5/1.5s", {7, 500 * time.Millisecond}: "7/500ms", {1, 90 * time.Minute}: "1/1h30m",
+	} {
+		if got := l.Spec(); got != want {
+			t.Errorf("%v.Spec() = %q, want %q", l, got, want)
+		}
+	}
+}
