@@ -38,6 +38,9 @@ type Deps struct {
 	// Pages registers the HTML login pages (core/login), which answer their own errors
 	// and unknown paths below /admin and /portal with HTML; nil: none.
 	Pages func(fiber.Router)
+	// Console registers the operators' console (core/console: the admin API and the
+	// admin pages), before Pages; nil: none.
+	Console func(fiber.Router)
 	// Limiter counts the activities of transports the sidecar cannot see (the legacy
 	// WebSocket) in activity_create per tenant: the sidecar's Limiter service
 	// (LIMITER_ADDR), so that they share the tenant API's budget, or one in this
@@ -94,6 +97,9 @@ func New(d Deps) (*fiber.App, *Listener) {
 	s.clientAPI(app.Group("/api/v1/converger"))
 	s.inboundRoutes(app.Group("/api/v1/channels"))
 	s.legacyRoutes(app)
+	if d.Console != nil {
+		d.Console(app)
+	}
 	if d.Pages != nil {
 		d.Pages(app)
 	}

@@ -18,6 +18,7 @@ import (
 	"github.com/converger/edge/core/api"
 	"github.com/converger/edge/core/authzcheck"
 	"github.com/converger/edge/core/config"
+	"github.com/converger/edge/core/console"
 	"github.com/converger/edge/core/login"
 	"github.com/converger/edge/core/mail"
 	"github.com/converger/edge/core/manage"
@@ -137,6 +138,14 @@ func serve(ctx context.Context, cfg *config.Config, log *slog.Logger) error {
 		return err
 	}
 	defer closePages()
+	var sidecar console.Sidecar
+	if client, ok := lim.(*limiterclient.Client); ok {
+		sidecar = client
+	}
+	cons, err := console.New(console.Options{Store: st, Pages: pages, Sidecar: sidecar, Logger: log})
+	if err != nil {
+		return err
+	}
 	app, listener := api.New(api.Deps{
 		Store:          st,
 		Signer:         cfg.Signer,
@@ -147,6 +156,7 @@ func serve(ctx context.Context, cfg *config.Config, log *slog.Logger) error {
 		Logger:         log,
 		Middleware:     middleware,
 		Pages:          pages.Register,
+		Console:        cons.Register,
 		Limiter:        lim,
 		CORSOrigins:    cfg.CORSOrigins,
 	})
