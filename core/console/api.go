@@ -42,14 +42,18 @@ func (c *Console) registerAPI(r fiber.Router) {
 	c.handle(api, fiber.MethodGet, "/live", c.getLive)
 }
 
-// apiHeaders marks every answer of the API as not to be cached, and sends unknown
-// paths and methods to apiFallback before anything is authenticated.
+// apiHeaders marks every answer of the API as not to be cached, refuses bodies over
+// maxBody, and sends unknown paths and methods to apiFallback, before anything is
+// authenticated.
 func (c *Console) apiHeaders(ctx *fiber.Ctx) error {
 	ctx.Set(fiber.HeaderCacheControl, "no-store")
 	ctx.Set(fiber.HeaderXContentTypeOptions, "nosniff")
 	for _, rt := range c.routes {
 		if rt.method == ctx.Method() || (rt.method == fiber.MethodGet && ctx.Method() == fiber.MethodHead) {
 			if rt.matches(ctx.Path()) {
+				if len(ctx.Body()) > maxBody {
+					return fail(ctx, errTooLarge, map[string]any{"max_bytes": maxBody})
+				}
 				return ctx.Next()
 			}
 		}

@@ -78,6 +78,7 @@ type env struct {
 	sidecar *service.Sidecar
 	// authz asks the sidecar's ext_authz Check directly, as Envoy does.
 	authz authv3.AuthorizationClient
+	pages *login.Pages
 }
 
 type envOptions struct {
@@ -140,6 +141,7 @@ func newEnv(t *testing.T, o envOptions) *env {
 	if err != nil {
 		t.Fatal(err)
 	}
+	e.pages = pages
 	var sc console.Sidecar = lim
 	switch {
 	case o.noSidecar:

@@ -33,7 +33,17 @@ const refreshSeconds = 5
 func (c *Console) parseTemplates() error {
 	funcs := template.FuncMap{
 		"spec":    func(l *limitJSON) string { return l.String() },
-		"seconds": func(ms int64) string { return strconv.FormatInt((ms+999)/1000, 10) },
+		// seconds writes milliseconds in whole seconds, rounded up.
+		"seconds": func(ms any) string {
+			var n int64
+			switch v := ms.(type) {
+			case int64:
+				n = v
+			case uint64:
+				n = int64(min(v, 1<<62))
+			}
+			return strconv.FormatInt((n+999)/1000, 10)
+		},
 		"ago": func(ms int64) string {
 			if ms < 0 {
 				return "never"
