@@ -338,7 +338,7 @@ func parseOverrides(raw json.RawMessage) (buckets.Overrides, map[string][]string
 			if !utf8.ValidString(name) || len(name) > 64 {
 				field = "limits"
 			}
-			errs[field] = append(errs[field], err.Error())
+			errs[field] = append(errs[field], strings.TrimPrefix(err.Error(), "limits."+name+": "))
 		}
 	}
 	return set, errs
