@@ -152,7 +152,7 @@ func (c *Cluster) receiveTraffic(b []byte) {
 // busiest.
 func (c *Cluster) offerBusy(v value) {
 	b, ok := c.lim.LookupBucket(v.bucket)
-	if !ok {
+	if !ok || strings.HasSuffix(v.bucket, limiter.RefundSuffix) {
 		return
 	}
 	k := limiter.Key{Bucket: b, ID: v.id}

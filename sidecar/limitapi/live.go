@@ -3,6 +3,7 @@ package limitapi
 import (
 	"context"
 	"slices"
+	"strings"
 	"time"
 
 	"google.golang.org/grpc/codes"
@@ -133,10 +134,23 @@ func (s *Server) Busiest(_ context.Context, r *limiterpb.BusiestRequest) (*limit
 	}
 	resp := &limiterpb.BusiestResponse{NowMs: s.limiter.NowMS()}
 	for _, bb := range s.live.Traffic.Busiest(top, want) {
+		if strings.HasSuffix(bb.Bucket, limiter.RefundSuffix) {
+			continue // the refunds of Take, counted beside their bucket
+		}
+		_, refunds := s.limiter.LookupBucket(bb.Bucket + limiter.RefundSuffix)
 		pb := &limiterpb.BucketBusiest{Bucket: bb.Bucket, Keys: make([]*limiterpb.BusyKey, 0, len(bb.Keys))}
 		for _, k := range bb.Keys {
 			lim := s.currentLimit(bb.Bucket, k.ID, k.Limit)
-			pb.Keys = append(pb.Keys, &limiterpb.BusyKey{Key: s.DocumentedKey(bb.Bucket, k.ID), Count: uint64(k.Count),
+			count := k.Count
+			if refunds {
+				// What Take and Peek count: the hits less what was given back (a login
+				// that succeeded).
+				count = min(count, s.limiter.Peek(limiter.Key{Bucket: s.limiter.Bucket(bb.Bucket), ID: k.ID}, lim).Count)
+				if count == 0 {
+					continue
+				}
+			}
+			pb.Keys = append(pb.Keys, &limiterpb.BusyKey{Key: s.DocumentedKey(bb.Bucket, k.ID), Count: uint64(count),
 				Limit: uint64(lim.Count), WindowMs: uint64(lim.Window.Milliseconds()), WindowEndMs: k.WindowEndMS})
 		}
 		resp.Buckets = append(resp.Buckets, pb)

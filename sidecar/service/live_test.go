@@ -2,6 +2,7 @@ package service_test
 
 import (
 	"context"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -224,5 +225,33 @@ func TestLiveViewBucketsAndBackend(t *testing.T) {
 	cl, err := s.limiter.Cluster(ctx, &limiterpb.ClusterRequest{})
 	if err != nil || cl.GetBackend() != "local" || len(cl.GetMembers()) != 0 {
 		t.Fatalf("cluster: %v, %v", cl, err)
+	}
+}
+
+// Hits given back (a login that succeeded) do not count among the busiest: a Take and
+// its Refund leave nothing, a failure stays; the refunds' own counter is never shown.
+func TestLiveViewDeductsRefunds(t *testing.T) {
+	s := newStack(t, stackOptions{noDatabase: true})
+	ctx := context.Background()
+	for _, key := range []string{"admin:ok@example.com", "admin:guess@example.com"} {
+		if _, err := s.limiter.Take(ctx, &limiterpb.LimitRequest{Bucket: "login_account", Key: key}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := s.limiter.Refund(ctx, &limiterpb.LimitRequest{Bucket: "login_account", Key: "admin:ok@example.com"}); err != nil {
+		t.Fatal(err)
+	}
+	b := s.busiest(10, "")
+	var keys []string
+	for _, bb := range b.GetBuckets() {
+		for _, k := range bb.GetKeys() {
+			keys = append(keys, fmt.Sprintf("%s=%d", k.GetKey(), k.GetCount()))
+		}
+	}
+	if got := strings.Join(keys, ","); got != "login_account:admin:guess@example.com=1" {
+		t.Fatalf("busiest: %s", got)
+	}
+	if m := currentMinute(t, s.traffic(), "login_account"); m.GetAllowed() != 2 {
+		t.Fatalf("two Takes this minute: %v", m)
 	}
 }
