@@ -712,6 +712,18 @@ func TestClusterClockAhead(t *testing.T) {
 		}
 	}
 	t.Logf("n3 dropped %v stale values of n1's (sync and resend)", dropped)
+	// The console's view of the cluster names the member whose values were dropped.
+	ctx, cancel := n3.ctx()
+	defer cancel()
+	cl, err := n3.limiter.Cluster(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, m := range cl.GetMembers() {
+		if want := m.GetName() == "n1"; want != (m.GetStaleDropped() > 0) {
+			t.Errorf("n3's view of %s: %d stale values dropped", m.GetName(), m.GetStaleDropped())
+		}
+	}
 }
 
 // (g) Nodes on one host and IP with different ports, all with one CLUSTER_JOIN list that
@@ -1058,4 +1070,67 @@ func TestClusterNetsplit(t *testing.T) {
 	})
 	waitMembers(t, nodes, []string{"n1", "n2", "n3"}, 10*time.Second)
 	t.Logf("converged to 6+1+6 = 13 on every node %v after the heal", took)
+}
+
+// (k) One node answers the console's live view for the cluster: its minute counts hold
+// every member's decisions, its busiest keys every member's hits (a key counted only on
+// the others too), and it lists the members with when each was last heard from.
+func TestClusterLiveViewIsMerged(t *testing.T) {
+	t.Parallel()
+	nodes := startCluster(t, 3, hourLimits, clockOffset(time.Hour), nil)
+	n1, n2, n3 := nodes[0], nodes[1], nodes[2]
+	const ip = "198.51.100.44"
+	for range 4 {
+		n1.createToken(ip)
+	}
+	for range 3 {
+		n2.createToken(ip)
+	}
+	ctx := func() (context.Context, context.CancelFunc) { return context.WithTimeout(context.Background(), 5*time.Second) }
+	// Every node reports its minutes every 5 s; the test may straddle a minute.
+	eventually(t, 15*time.Second, "n3's minute counts hold n1's and n2's checks", func() (bool, string) {
+		c, cancel := ctx()
+		defer cancel()
+		tr, err := n3.limiter.Traffic(c)
+		if err != nil {
+			return false, err.Error()
+		}
+		var allowed uint64
+		for _, b := range tr.GetBuckets() {
+			if b.GetBucket() == "token_create" {
+				for _, m := range b.GetMinutes() {
+					allowed += m.GetAllowed()
+				}
+			}
+		}
+		return tr.GetNodes() == 3 && allowed == 7, fmt.Sprintf("%d nodes, %d allowed: %v", tr.GetNodes(), allowed, tr)
+	})
+	eventually(t, 5*time.Second, "the key counted on n1 and n2 is among n3's busiest", func() (bool, string) {
+		c, cancel := ctx()
+		defer cancel()
+		b, err := n3.limiter.Busiest(c, 5, "token_create")
+		if err != nil {
+			return false, err.Error()
+		}
+		keys := b.GetBuckets()
+		return len(keys) == 1 && len(keys[0].GetKeys()) == 1 && keys[0].GetKeys()[0].GetKey() == "token_create:ip:"+ip &&
+			keys[0].GetKeys()[0].GetCount() == 7 && keys[0].GetKeys()[0].GetLimit() == 10, fmt.Sprintf("%v", b)
+	})
+	c, cancel := ctx()
+	defer cancel()
+	cl, err := n3.limiter.Cluster(c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, m := range cl.GetMembers() {
+		got = append(got, m.GetName())
+		if !m.GetSelf() && (m.GetHeardAgoMs() < 0 || m.GetHeardAgoMs() > 10_000 || m.GetStaleDropped() != 0) {
+			t.Errorf("member %v", m)
+		}
+	}
+	if cl.GetBackend() != "cluster" || cl.GetNode() != "n3" || strings.Join(got, ",") != "n3,n1,n2" || !cl.GetMembers()[0].GetSelf() ||
+		cl.GetSyncIntervalMs() != uint64(syncInterval.Milliseconds()) {
+		t.Fatalf("cluster %v", cl)
+	}
 }
