@@ -229,13 +229,3 @@ func (c *Console) storeError(ctx *fiber.Ctx, err error, field string) error {
 	c.Logger.Error("console: request failed", "request_id", requestID(ctx), "method", ctx.Method(), "route", ctx.Route().Path, "error", err)
 	return fail(ctx, errInternal, nil)
 }
-
-// dbContext bounds a request's database work.
-func (c *Console) dbContext(ctx *fiber.Ctx) (context.Context, context.CancelFunc) {
-	return context.WithTimeout(ctx.UserContext(), c.DatabaseTimeout)
-}
-
-// sidecarContext bounds one call to the sidecar.
-func (c *Console) sidecarContext(ctx *fiber.Ctx) (context.Context, context.CancelFunc) {
-	return context.WithTimeout(ctx.UserContext(), c.SidecarTimeout)
-}

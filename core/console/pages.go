@@ -32,7 +32,7 @@ const refreshSeconds = 5
 
 func (c *Console) parseTemplates() error {
 	funcs := template.FuncMap{
-		"spec":    func(l *limitJSON) string { return l.String() },
+		"spec": func(l *limitJSON) string { return l.String() },
 		// seconds writes milliseconds in whole seconds, rounded up.
 		"seconds": func(ms any) string {
 			var n int64

@@ -99,10 +99,8 @@ func TestAdminTokens(t *testing.T) {
 
 func TestTenantsPagesAndSearch(t *testing.T) {
 	e := newManageEnv(t)
-	var all []store.Tenant
 	for i := range 7 {
-		ten, _ := e.tenant(fmt.Sprintf("Acme-%d", 6-i))
-		all = append(all, ten)
+		e.tenant(fmt.Sprintf("Acme-%d", 6-i))
 	}
 	other, _ := e.tenant("globex")
 	if _, _, err := e.op.CreateChannel(e.ctx, other.ID, "web", "echo", "duplex"); err != nil {

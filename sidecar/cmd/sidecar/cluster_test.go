@@ -1086,7 +1086,9 @@ func TestClusterLiveViewIsMerged(t *testing.T) {
 	for range 3 {
 		n2.createToken(ip)
 	}
-	ctx := func() (context.Context, context.CancelFunc) { return context.WithTimeout(context.Background(), 5*time.Second) }
+	ctx := func() (context.Context, context.CancelFunc) {
+		return context.WithTimeout(context.Background(), 5*time.Second)
+	}
 	// Every node reports its minutes every 5 s; the test may straddle a minute.
 	eventually(t, 15*time.Second, "n3's minute counts hold n1's and n2's checks", func() (bool, string) {
 		c, cancel := ctx()
