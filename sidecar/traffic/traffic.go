@@ -158,16 +158,21 @@ func (r *Recorder) Note(k limiter.Key, res limiter.Result) {
 	if b == nil {
 		return
 	}
-	now := r.now()
-	c := &b.stripes[stripe(k.ID)][(now/minuteMS)%Minutes]
-	t := tag(now / minuteMS)
+	// The decision's window tells the minute without reading the clock again when it
+	// lies within one minute (1 s and 60 s windows always do): now is in it.
+	minute := (res.WindowEndMS - 1) / minuteMS
+	if w := res.Limit.Window.Milliseconds(); w <= 0 || (res.WindowEndMS-w)/minuteMS != minute {
+		minute = r.now() / minuteMS
+	}
+	c := &b.stripes[stripe(k.ID)][minute%Minutes]
+	t := tag(minute)
 	if res.Allowed {
 		add(&c.allowed, t)
 	} else {
 		add(&c.denied, t)
 	}
 	if n := res.Count; n&(n-1) == 0 || n == res.Limit.Count+1 {
-		b.hot.offer(k.ID, n, res.Limit, res.WindowEndMS, now, true)
+		b.hot.offer(k.ID, n, res.Limit, res.WindowEndMS, r.now(), true)
 	}
 }
 
