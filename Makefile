@@ -9,7 +9,10 @@ BENCHSTAT_VERSION := v0.0.0-20260908200009-22c9c6c9d4da
 BUILDFLAGS ?= -buildvcs=auto
 # Benchmarks write into a new folder per run; BENCH_OUT=bench/results updates the
 # committed figures (and pass -update-results to bin/bench for the load tests).
-BENCH_OUT ?= bench/out/$(shell date -u +%Y%m%dT%H%M%SZ)-go
+# (Expanded once: a recipe that runs for minutes must write into one folder.)
+ifeq ($(origin BENCH_OUT), undefined)
+BENCH_OUT := bench/out/$(shell date -u +%Y%m%dT%H%M%SZ)-go
+endif
 
 .PHONY: all build run test lint vet fmt-check unit bench bench-go bench-authz bench-forward-auth bench-core bench-cluster proto clean
 
@@ -45,8 +48,9 @@ vet:
 unit:
 	$(GO) test -race -count=1 -timeout 10m ./...
 
-# Benchmarks (each run writes into a new folder under bench/out/): the limiter hot path (Go
-# benchmarks, compare runs with benchstat), the authorization load test against a no-op
+# Benchmarks (each run writes into a new folder under bench/out/): the limiter hot path and
+# the live view's recorder (Go benchmarks, compare runs with benchstat; the ext_authz Check
+# with and without the recorder in the same run), the authorization load test against a no-op
 # server in the same run, the same for the HTTP forward-auth check (and Caddy and nginx with
 # the check against without it), the core's activity POSTs against pgx inserting the same
 # rows directly, and the cluster's overshoot and traffic against the sync interval (about
@@ -56,8 +60,18 @@ bench: bench-go bench-authz bench-forward-auth bench-core bench-cluster
 bench-go:
 	@mkdir -p $(BENCH_OUT)
 	$(GO) test -run '^$$' -bench . -benchmem -count 6 ./sidecar/limiter/ | tee $(BENCH_OUT)/limiter.txt
+	$(GO) test -run '^$$' -bench . -benchmem -count 6 ./sidecar/traffic/ | tee $(BENCH_OUT)/traffic.txt
+	@# The Check with and without the live view's recorder, alternated, so that a busy
+	@# machine slows both alike.
+	$(GO) test -c -o $(CURDIR)/$(BENCH_OUT)/authz.test ./sidecar/authz/
+	cd sidecar/authz && for i in 1 2 3 4 5 6 7 8 9 10; do for m in off on; do \
+		$(CURDIR)/$(BENCH_OUT)/authz.test -test.run '^$$' -test.bench "BenchmarkCheck/traffic=$$m\$$" -test.benchmem | grep '^Benchmark'; \
+	done; done | tee $(CURDIR)/$(BENCH_OUT)/authz-check.txt
+	@rm -f $(CURDIR)/$(BENCH_OUT)/authz.test
 	@test -x $(GOBIN)/benchstat || $(GO) install golang.org/x/perf/cmd/benchstat@$(BENCHSTAT_VERSION)
 	$(GOBIN)/benchstat $(BENCH_OUT)/limiter.txt
+	$(GOBIN)/benchstat $(BENCH_OUT)/traffic.txt
+	$(GOBIN)/benchstat -col /traffic $(BENCH_OUT)/authz-check.txt
 
 bench-authz: build
 	./bin/bench authz
