@@ -41,7 +41,7 @@ type trafficMessage struct {
 	entries []trafficEntry
 }
 
-// packTraffic encodes entries into messages of at most limit bytes.
+// packTraffic encodes entries into messages of at most limit bytes: at least one.
 func packTraffic(sentAt int64, origin string, entries []trafficEntry, limit int) [][]byte {
 	header := func(n int) []byte {
 		h := []byte{trafficKind}
@@ -64,7 +64,9 @@ func packTraffic(sentAt int64, origin string, entries []trafficEntry, limit int)
 		body = append(body, tmp...)
 		n++
 	}
-	if n > 0 {
+	if n > 0 || len(out) == 0 {
+		// Without a decision to report, one empty message still tells the others this
+		// node is there (the console's "last heard").
 		out = append(out, append(header(n), body...))
 	}
 	return out

@@ -41,6 +41,12 @@ func TestTrafficMessagesRoundTripAndSplit(t *testing.T) {
 			t.Fatalf("entry %d: %+v, want %+v", i, got[i], entries[i])
 		}
 	}
+	// With nothing to report, one empty message tells the others the node is there.
+	if empty := packTraffic(now, "a#1", nil, maxPacket); len(empty) != 1 {
+		t.Fatalf("%d messages without entries", len(empty))
+	} else if d, err := decodeTraffic(empty[0]); err != nil || d.origin != "a#1" || len(d.entries) != 0 {
+		t.Fatalf("an empty message: %+v, %v", d, err)
+	}
 	// Malformed: another kind, truncated, trailing bytes, a minute too far back.
 	bad := [][]byte{nil, {version}, msgs[0][:len(msgs[0])-1], append(append([]byte{}, msgs[0]...), 0),
 		packTraffic(now, "x", []trafficEntry{{"b", cur - 61*60_000, 1, 1}}, maxPacket)[0]}
