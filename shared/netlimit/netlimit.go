@@ -6,6 +6,7 @@ package netlimit
 
 import (
 	"errors"
+	"io"
 	"log/slog"
 	"net"
 	"net/netip"
@@ -282,6 +283,25 @@ type Conn struct {
 	counted bool // in perIP
 	// idleSince is when the connection became idle (unix nanoseconds), 0 while busy.
 	idleSince atomic.Int64
+	linger    atomic.Bool
+}
+
+// Bounds of a lingering close: how long, and how many bytes of the client's request
+// are read and dropped.
+const (
+	lingerTimeout  = time.Second
+	lingerMaxBytes = 8 << 20
+)
+
+// LingerOnClose makes the close of a connection of a Listener lingering: the answer is
+// followed by the end of the stream, then what the client still sends is read and
+// dropped, for at most a second, before the connection closes. A server that answers
+// before reading the whole request (a body over its limit) calls it, so that the
+// client reads the answer instead of a reset. Other connections are ignored.
+func LingerOnClose(c net.Conn) {
+	if lc, ok := c.(*Conn); ok {
+		lc.linger.Store(true)
+	}
 }
 
 // Read reads from the connection; a connection that receives bytes is busy.
@@ -295,6 +315,13 @@ func (c *Conn) Read(b []byte) (int, error) {
 
 // Close closes the connection and releases its place.
 func (c *Conn) Close() error {
+	if c.linger.Swap(false) {
+		if tc, ok := c.Conn.(*net.TCPConn); ok {
+			_ = tc.CloseWrite()
+		}
+		_ = c.Conn.SetReadDeadline(time.Now().Add(lingerTimeout))
+		_, _ = io.CopyN(io.Discard, c.Conn, lingerMaxBytes)
+	}
 	c.l.mu.Lock()
 	c.l.forgetLocked(c)
 	c.l.mu.Unlock()

@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"net"
 	"net/netip"
+	"strings"
 	"sync"
 	"syscall"
 	"testing"
@@ -279,5 +280,62 @@ func TestRaiseOpenFiles(t *testing.T) {
 		if got := DefaultMaxConns(c.files); got != c.want {
 			t.Errorf("DefaultMaxConns(%d) = %d, want %d", c.files, got, c.want)
 		}
+	}
+}
+
+func TestRefuseHTTP(t *testing.T) {
+	for _, c := range []struct {
+		why    Reason
+		status string
+		code   string
+	}{{TooManyConns, "503", `"code":"unavailable"`}, {TooManyConnsFromIP, "429", `"code":"rate_limited"`}} {
+		client, server := net.Pipe()
+		go func() { RefuseHTTP(server, c.why); server.Close() }()
+		b, _ := io.ReadAll(client)
+		resp := string(b)
+		for _, want := range []string{"HTTP/1.1 " + c.status, "Retry-After: 1", "X-Request-Id: ", "Connection: close", c.code, `"request_id":"`} {
+			if !strings.Contains(resp, want) {
+				t.Errorf("refusal %v lacks %q:\n%s", c.why, want, resp)
+			}
+		}
+	}
+}
+
+// A connection answered before its request was read closes lingering: the client,
+// still sending, reads the answer rather than a reset.
+func TestLingerOnClose(t *testing.T) {
+	l := Wrap(listen(t), Options{Logger: quiet})
+	defer l.Close()
+	got := make(chan net.Conn, 1)
+	serve(l, got)
+	c := dialFrom(t, "127.0.0.1", l.Addr().String())
+	sent := make(chan error, 1)
+	go func() {
+		_, err := c.Write(make([]byte, 4<<20))
+		sent <- err
+	}()
+	s := recv(t, got)
+	if _, err := io.ReadFull(s, make([]byte, 1024)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := io.WriteString(s, "too large"); err != nil {
+		t.Fatal(err)
+	}
+	LingerOnClose(s)
+	start := time.Now()
+	s.Close()
+	if d := time.Since(start); d > 3*time.Second {
+		t.Fatalf("the lingering close took %v", d)
+	}
+	if err := <-sent; err != nil {
+		t.Fatalf("the client could not send its request: %v", err)
+	}
+	_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	b, err := io.ReadAll(c)
+	if string(b) != "too large" || err != nil {
+		t.Fatalf("the client read %q, %v", b, err)
+	}
+	if s := l.Stats(); s.Open != 0 {
+		t.Fatalf("%d open after the close", s.Open)
 	}
 }
