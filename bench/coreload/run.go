@@ -220,7 +220,7 @@ func verify(ctx context.Context, pool *pgxpool.Pool, seed SeedData) (rows, hotSe
 
 // CoreEnvPrefixes are the core's variables, which the bench sets itself and keeps from
 // leaking in from the caller's environment.
-var CoreEnvPrefixes = []string{"CORE_", "DATABASE_URL=", "TOKEN_", "ENCRYPTION_KEY=", "PUBLIC_URL=", "LIMITER_ADDR=",
+var CoreEnvPrefixes = []string{"CORE_", "DATABASE_", "TOKEN_", "ENCRYPTION_KEY=", "PUBLIC_URL=", "LIMITER_ADDR=",
 	"AUTHZ_ADDR=", "TRUSTED_PROXIES=", "ACTIVITY_MAX_", "UPLOAD_MAX_BYTES=", "LOG_"}
 
 func coreEnv() []string {
@@ -254,6 +254,7 @@ func startCore(ctx context.Context, bin, dbURL, encKey string, seed SeedData, lo
 		cmd := exec.Command(bin, "serve")
 		cmd.Env = append(coreEnv(),
 			"CORE_ADDR="+ports[0],
+			"CORE_OPS_ADDR=127.0.0.1:0",
 			"PUBLIC_URL="+base,
 			"DATABASE_URL="+dbURL,
 			"TOKEN_SIGNING_KEY="+signing,

@@ -89,6 +89,9 @@ func (k *Checker) Close() error { return k.conn.Close() }
 // failed.
 func (k *Checker) FailedOpen() uint64 { return k.failedOpen.Load() }
 
+// Failing reports whether the last Check failed (requests are let through unchecked).
+func (k *Checker) Failing() bool { return k.failing.Load() }
+
 // Handler is the fiber middleware. It must run after the core's request-id middleware,
 // so that the Check carries the request's x-request-id (api.New runs Deps.Middleware
 // after it).

@@ -66,7 +66,7 @@ func (p *proc) environ() []string {
 	for _, kv := range os.Environ() {
 		k, _, _ := strings.Cut(kv, "=")
 		switch k {
-		case "DATABASE_URL", "ENCRYPTION_KEY", "TOKEN_SIGNING_KEY", "TOKEN_VERIFY_KEYS", "CORE_ADDR", "PUBLIC_URL", "USER", "LOGNAME":
+		case "DATABASE_URL", "DATABASE_TIMEOUT", "ENCRYPTION_KEY", "TOKEN_SIGNING_KEY", "TOKEN_VERIFY_KEYS", "CORE_ADDR", "CORE_OPS_ADDR", "PUBLIC_URL", "USER", "LOGNAME":
 			continue
 		}
 		out = append(out, kv)
@@ -244,7 +244,7 @@ func (p *proc) serve(t *testing.T) string {
 	if err != nil {
 		t.Fatal(err)
 	}
-	env := map[string]string{"CORE_ADDR": addr, "TOKEN_SIGNING_KEY": signing, "LOG_FORMAT": "text", "LOG_LEVEL": "warn"}
+	env := map[string]string{"CORE_ADDR": addr, "CORE_OPS_ADDR": "127.0.0.1:0", "TOKEN_SIGNING_KEY": signing, "LOG_FORMAT": "text", "LOG_LEVEL": "warn"}
 	for k, v := range p.env {
 		env[k] = v
 	}
