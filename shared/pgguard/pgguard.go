@@ -197,21 +197,29 @@ func Unavailable(err error) bool {
 }
 
 // Deadlines gives every query of a pool's connections (Query, QueryRow, Exec, a
-// transaction's begin and commit) and every acquisition of a connection at most
-// timeout, and reports the failures that mean the database is unavailable to m (nil:
-// none). Install it with Configure.
+// transaction's begin and commit) at most a query timeout, and every acquisition of a
+// connection at most an acquire timeout, and reports the failures that mean the
+// database is unavailable to m (nil: none). Install it with Configure.
+//
+// The acquire timeout is the pool's queue: under overload, requests wait there for one
+// of the few connections, and one that cannot get a connection in time fails at once
+// (an answer the caller can give, 503) rather than waiting past its client's patience
+// and working for nobody. Such a wait is overload, not an outage: it is counted apart
+// and does not alert the monitor.
 type Deadlines struct {
-	timeout time.Duration
-	m       *Monitor
-	errors  atomic.Uint64
+	query, acquire time.Duration
+	m              *Monitor
+	errors         atomic.Uint64
+	poolTimeouts   atomic.Uint64
 }
 
-// Configure sets cfg up with a deadline of timeout on every query, pool acquisition
-// and new connection, reporting to m, and returns the tracer (for its counters).
-func Configure(cfg *pgxpool.Config, timeout time.Duration, m *Monitor) *Deadlines {
-	d := &Deadlines{timeout: timeout, m: m}
+// Configure sets cfg up with a deadline of query on every query and new connection and
+// of acquire on every pool acquisition, reporting to m, and returns the tracer (for its
+// counters).
+func Configure(cfg *pgxpool.Config, query, acquire time.Duration, m *Monitor) *Deadlines {
+	d := &Deadlines{query: query, acquire: acquire, m: m}
 	cfg.ConnConfig.Tracer = d
-	cfg.ConnConfig.ConnectTimeout = timeout
+	cfg.ConnConfig.ConnectTimeout = query
 	return d
 }
 
@@ -219,19 +227,29 @@ func Configure(cfg *pgxpool.Config, timeout time.Duration, m *Monitor) *Deadline
 // database's.
 func (d *Deadlines) Errors() uint64 { return d.errors.Load() }
 
+// PoolTimeouts returns how many acquisitions found no free connection in time.
+func (d *Deadlines) PoolTimeouts() uint64 { return d.poolTimeouts.Load() }
+
 type cancelKey struct{}
 
+// errPoolWait is the cause of an acquisition's deadline.
+var errPoolWait = errors.New("no free database connection within the acquire timeout")
+
 // start bounds ctx; end, given the returned context, releases the bound.
-func (d *Deadlines) start(ctx context.Context) context.Context {
-	ctx, cancel := context.WithTimeout(ctx, d.timeout)
+func (d *Deadlines) start(ctx context.Context, timeout time.Duration, cause error) context.Context {
+	ctx, cancel := context.WithTimeoutCause(ctx, timeout, cause)
 	return context.WithValue(ctx, cancelKey{}, cancel)
 }
 
 func (d *Deadlines) end(ctx context.Context, err error) {
+	poolWait := err != nil && errors.Is(context.Cause(ctx), errPoolWait)
 	if cancel, ok := ctx.Value(cancelKey{}).(context.CancelFunc); ok {
 		cancel()
 	}
-	if Unavailable(err) {
+	switch {
+	case poolWait:
+		d.poolTimeouts.Add(1)
+	case Unavailable(err):
 		d.errors.Add(1)
 		if d.m != nil {
 			d.m.Failed(err)
@@ -241,7 +259,7 @@ func (d *Deadlines) end(ctx context.Context, err error) {
 
 // TraceQueryStart bounds a query.
 func (d *Deadlines) TraceQueryStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceQueryStartData) context.Context {
-	return d.start(ctx)
+	return d.start(ctx, d.query, context.DeadlineExceeded)
 }
 
 // TraceQueryEnd releases a query's bound and reports its failure.
@@ -251,7 +269,7 @@ func (d *Deadlines) TraceQueryEnd(ctx context.Context, _ *pgx.Conn, data pgx.Tra
 
 // TraceAcquireStart bounds an acquisition.
 func (d *Deadlines) TraceAcquireStart(ctx context.Context, _ *pgxpool.Pool, _ pgxpool.TraceAcquireStartData) context.Context {
-	return d.start(ctx)
+	return d.start(ctx, d.acquire, errPoolWait)
 }
 
 // TraceAcquireEnd releases an acquisition's bound and reports its failure.
