@@ -57,7 +57,7 @@ type Deps struct {
 
 // Default bounds, as config.DefaultBounds.
 const (
-	defaultMaxInFlight    = 256
+	defaultMaxInFlight    = 512
 	defaultRequestTimeout = 10 * time.Second
 	defaultReadTimeout    = 10 * time.Second
 	defaultWriteTimeout   = 30 * time.Second
@@ -199,8 +199,10 @@ func (s *server) answerError(c *fiber.Ctx, err error) error {
 		return nil // the client went away; nobody reads an answer
 	case pgguard.Unavailable(err):
 		// The database is down, hung or slower than DATABASE_TIMEOUT (the monitor has
-		// been told), or the request's deadline passed.
-		s.Logger.Warn("request failed: the database did not answer in time", "request_id", requestID(c),
+		// been told and logs the outage), the pool had no free connection in time
+		// (overload), or the request's deadline passed: one line per request would
+		// flood the log exactly when it matters, so debug only.
+		s.Logger.Debug("request failed: the database did not answer in time", "request_id", requestID(c),
 			"method", c.Method(), "route", routePattern(c), "error", err)
 		return failUnavailable(c, errDatabaseDown)
 	}

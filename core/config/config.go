@@ -81,20 +81,25 @@ type Bounds struct {
 	WriteTimeout time.Duration
 	// IdleTimeout closes a keep-alive connection idle for that long (CORE_IDLE_TIMEOUT).
 	IdleTimeout time.Duration
-	// DatabaseTimeout bounds every PostgreSQL query and pool acquisition
+	// DatabaseTimeout bounds every PostgreSQL query and new connection
 	// (DATABASE_TIMEOUT).
 	DatabaseTimeout time.Duration
+	// DatabaseAcquireTimeout bounds the wait for a connection of the pool
+	// (DATABASE_ACQUIRE_TIMEOUT): under overload, a request that gets none in time is
+	// answered 503 rather than waiting past its client's patience.
+	DatabaseAcquireTimeout time.Duration
 }
 
 // DefaultBounds are the bounds without their variables.
 var DefaultBounds = Bounds{
-	MaxConnsPerIP:   512,
-	MaxInFlight:     256,
-	RequestTimeout:  10 * time.Second,
-	ReadTimeout:     10 * time.Second,
-	WriteTimeout:    30 * time.Second,
-	IdleTimeout:     2 * time.Minute,
-	DatabaseTimeout: 3 * time.Second,
+	MaxConnsPerIP:          512,
+	MaxInFlight:            512,
+	RequestTimeout:         10 * time.Second,
+	ReadTimeout:            10 * time.Second,
+	WriteTimeout:           30 * time.Second,
+	IdleTimeout:            2 * time.Minute,
+	DatabaseTimeout:        3 * time.Second,
+	DatabaseAcquireTimeout: 500 * time.Millisecond,
 }
 
 // MinAdminPasswordLength is the fewest characters ADMIN_PASSWORD may have.
@@ -227,6 +232,7 @@ func (c *Config) loadBounds(getenv func(string) string) error {
 		{"CORE_WRITE_TIMEOUT", &c.Bounds.WriteTimeout, 100 * time.Millisecond, 10 * time.Minute},
 		{"CORE_IDLE_TIMEOUT", &c.Bounds.IdleTimeout, time.Second, 24 * time.Hour},
 		{"DATABASE_TIMEOUT", &c.Bounds.DatabaseTimeout, 100 * time.Millisecond, 10 * time.Minute},
+		{"DATABASE_ACQUIRE_TIMEOUT", &c.Bounds.DatabaseAcquireTimeout, 10 * time.Millisecond, 10 * time.Minute},
 	} {
 		if v := strings.TrimSpace(getenv(d.name)); v != "" {
 			t, err := time.ParseDuration(v)

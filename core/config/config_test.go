@@ -76,6 +76,7 @@ func TestInvalidValuesNameTheVariable(t *testing.T) {
 		{map[string]string{"CORE_WRITE_TIMEOUT": "1h"}, "CORE_WRITE_TIMEOUT"},
 		{map[string]string{"CORE_IDLE_TIMEOUT": "0s"}, "CORE_IDLE_TIMEOUT"},
 		{map[string]string{"DATABASE_TIMEOUT": "forever"}, "DATABASE_TIMEOUT"},
+		{map[string]string{"DATABASE_ACQUIRE_TIMEOUT": "1ms"}, "DATABASE_ACQUIRE_TIMEOUT"},
 		{map[string]string{"CORE_ACCESS_LOG": "maybe"}, "CORE_ACCESS_LOG"},
 	}
 	for _, tc := range cases {

@@ -125,8 +125,10 @@ func (m *Metrics) Database(monitor *pgguard.Monitor, deadlines *pgguard.Deadline
 	})
 	m.CounterFunc("converger_core_database_outages_total", "Times the monitor found the database down.",
 		func() float64 { return float64(monitor.Stats().Outages) })
-	m.CounterFunc("converger_core_database_errors_total", "Queries and pool acquisitions that failed because the database did not answer in time or could not be reached.",
+	m.CounterFunc("converger_core_database_errors_total", "Queries and new connections that failed because the database did not answer in time or could not be reached.",
 		func() float64 { return float64(deadlines.Errors()) })
+	m.CounterFunc("converger_core_db_pool_timeouts_total", "Requests that found no free database connection within DATABASE_ACQUIRE_TIMEOUT (overload) and were answered 503.",
+		func() float64 { return float64(deadlines.PoolTimeouts()) })
 	for _, g := range []struct {
 		name, help string
 		f          func(*pgxpool.Stat) float64

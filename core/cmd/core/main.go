@@ -204,7 +204,7 @@ func serve(ctx context.Context, cfg *config.Config, log *slog.Logger) error {
 }
 
 // openDatabase opens the pool with a deadline of DATABASE_TIMEOUT on every query and
-// acquisition, and the monitor that probes PostgreSQL on a connection of its own, with
+// of DATABASE_ACQUIRE_TIMEOUT on every acquisition, and the monitor that probes PostgreSQL on a connection of its own, with
 // their metrics.
 func openDatabase(ctx context.Context, cfg *config.Config, m *metrics.Metrics, log *slog.Logger) (*pgxpool.Pool, *pgguard.Monitor, error) {
 	pc, err := pgxpool.ParseConfig(cfg.DatabaseURL)
@@ -218,7 +218,7 @@ func openDatabase(ctx context.Context, cfg *config.Config, m *metrics.Metrics, l
 		DownMessage: "the database does not answer: requests are answered 503 until it does",
 		UpMessage:   "the database answers again",
 	})
-	deadlines := pgguard.Configure(pc, timeout, monitor)
+	deadlines := pgguard.Configure(pc, timeout, cfg.Bounds.DatabaseAcquireTimeout, monitor)
 	pool, err := pgxpool.NewWithConfig(ctx, pc)
 	if err != nil {
 		return nil, nil, fmt.Errorf("DATABASE_URL: %w", err)
