@@ -367,10 +367,11 @@ func (s *server) record(c *fiber.Ctx, start time.Time) {
 }
 
 // routePattern is the pattern of the route that answered, metrics.NoRoute when none
-// did (a middleware answered, the catch-all 404, an error of the HTTP server).
+// did: the middleware and the catch-all 404 are mounted at "/", where the API has no
+// route of its own, and fiber's Route of a request that reached no handler (an error
+// of the HTTP server) holds the raw path, which must not become a label.
 func routePattern(c *fiber.Ctx) string {
-	// fiber's Route of a request that reached no handler holds the raw path: unusable.
-	if r := c.Route(); r != nil && r.Method != "USE" && len(r.Handlers) > 0 && r.Path != "" {
+	if r := c.Route(); r != nil && len(r.Handlers) > 0 && r.Path != "" && r.Path != "/" {
 		return r.Path
 	}
 	return metrics.NoRoute
