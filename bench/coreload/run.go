@@ -237,9 +237,9 @@ func coreEnv() []string {
 	return env
 }
 
-// startCore starts `core serve` on a free loopback port and waits until it answers the
-// tenant API. It returns the process and the base URL.
-func startCore(ctx context.Context, bin, dbURL, encKey string, seed SeedData, log io.Writer) (*procs.Proc, string, error) {
+// startCore starts `core serve` on a free loopback port, with extra variables, and waits
+// until it answers the tenant API. It returns the process and the base URL.
+func startCore(ctx context.Context, bin, dbURL, encKey string, seed SeedData, log io.Writer, extra ...string) (*procs.Proc, string, error) {
 	signing, err := token.GenerateKey()
 	if err != nil {
 		return nil, "", err
@@ -262,6 +262,7 @@ func startCore(ctx context.Context, bin, dbURL, encKey string, seed SeedData, lo
 			"LOG_LEVEL=warn",
 			"LOG_FORMAT=text",
 		)
+		cmd.Env = append(cmd.Env, extra...)
 		p, err := procs.Start("core", cmd, &procs.TailWriter{Prefix: "core: ", W: log})
 		if err != nil {
 			return nil, "", err

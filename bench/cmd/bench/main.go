@@ -30,6 +30,7 @@ var commands = []command{
 	{"authz", "load-test the sidecar's ext_authz Check against a no-op server (throughput, p50, p99, ratios)", runAuthz},
 	{"cluster", "sidecar clusters: allowed per window against the limit, and sync traffic, by cluster size, sync interval and share mode", runCluster},
 	{"core", "activity POSTs through the core against pgx inserting the same rows directly (throughput, p50, p99, ratios)", runCore},
+	{"core-overload", "the core's capacity (p99 within a bound) against the pgx baseline's, then an overload at a multiple of it and the time to recover", runCoreOverload},
 	{"noop-authz", "serve an Authorization/Check that allows everything (started by authz)", runNoopAuthz},
 }
 
@@ -158,6 +159,21 @@ func runCore(ctx context.Context, name string, args []string) int {
 		run: func(ctx context.Context) (bool, error) {
 			rep, err := coreload.Run(ctx, cfg, os.Stdout, os.Stderr)
 			return err == nil && cfg.Strict && !rep.Pass, err
+		},
+	})
+}
+
+func runCoreOverload(ctx context.Context, name string, args []string) int {
+	cfg := coreload.DefaultOverloadConfig()
+	return runLoad(ctx, name, args, loadTest{
+		flags: cfg.RegisterFlags,
+		validate: func(_ *flag.FlagSet, args []string) error {
+			cfg.Args = args
+			return cfg.Validate()
+		},
+		run: func(ctx context.Context) (bool, error) {
+			_, err := coreload.RunOverload(ctx, cfg, os.Stdout, os.Stderr)
+			return false, err
 		},
 	})
 }
