@@ -5,7 +5,7 @@ GOBIN := $(shell $(GO) env GOPATH)/bin
 STATICCHECK_VERSION := v0.8.2
 BENCHSTAT_VERSION := v0.0.0-20260908200009-22c9c6c9d4da
 
-.PHONY: all build run test lint vet fmt-check unit bench bench-go bench-authz bench-core bench-cluster proto clean
+.PHONY: all build run test lint vet fmt-check unit bench bench-go bench-authz bench-core bench-core-overload bench-cluster proto clean
 
 all: build
 
@@ -16,8 +16,8 @@ build:
 	$(GO) build -o bin/devstack ./deploy/cmd/devstack
 
 # A throwaway PostgreSQL under ./.data (unless DATABASE_URL is set), migrations, dev keys,
-# a demo tenant and echo channel, the sidecar (:8081/:8082) and the core (:8080, with
-# AUTHZ_ADDR) in the foreground. Ctrl-C stops everything.
+# a demo tenant and echo channel, the sidecar (:8081/:8082) and the core (:8080, its
+# metrics and health on :8083, with AUTHZ_ADDR) in the foreground. Ctrl-C stops everything.
 run: build
 	./bin/devstack
 
@@ -41,9 +41,10 @@ unit:
 
 # Benchmarks: the limiter hot path (Go benchmarks, compare runs with benchstat), the
 # authorization load test against a no-op server in the same run, the core's activity
-# POSTs against pgx inserting the same rows directly, and the cluster's overshoot and
-# traffic against the sync interval (about 12 minutes).
-bench: bench-go bench-authz bench-core bench-cluster
+# POSTs against pgx inserting the same rows directly, the core's capacity and its
+# recovery from an overload, and the cluster's overshoot and traffic against the sync
+# interval (about 15 minutes).
+bench: bench-go bench-authz bench-core bench-core-overload bench-cluster
 
 bench-go:
 	$(GO) test -run '^$$' -bench . -benchmem -count 6 ./sidecar/limiter/ | tee bench/results/limiter.txt
@@ -55,6 +56,9 @@ bench-authz: build
 
 bench-core: build
 	./bin/bench core
+
+bench-core-overload: build
+	./bin/bench core-overload
 
 bench-cluster: build
 	./bin/bench cluster
