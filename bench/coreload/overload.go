@@ -23,14 +23,9 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgxpool"
-
 	"github.com/converger/edge/bench/authzload"
 	"github.com/converger/edge/bench/procs"
 	"github.com/converger/edge/bench/runinfo"
-	"github.com/converger/edge/core/credentials"
-	"github.com/converger/edge/core/migrations"
-	"github.com/converger/edge/shared/pgserver"
 )
 
 // OverloadConfig is the overload test's configuration, one field per flag.
@@ -140,40 +135,18 @@ func RunOverload(ctx context.Context, cfg OverloadConfig, stdout, stderr io.Writ
 	}
 	rep = &OverloadReport{Config: cfg, Started: time.Now(), Machine: runinfo.Describe(ctx), LoadStart: runinfo.LoadAvg(),
 		Source: runinfo.Source(ctx, root, "core", "shared"), Recovered: -1}
-	pg, err := pgserver.Start(ctx, pgserver.Options{})
+	// The generator stands for Envoy: one address with many connections, a trusted proxy
+	// (exempt from CORE_MAX_CONNS_PER_IP, as TRUSTED_PROXIES makes Envoy).
+	st, err := startStack(ctx, coreBin, cfg.Conversations, stderr, "TRUSTED_PROXIES=127.0.0.1")
 	if err != nil {
 		return nil, err
 	}
 	defer func() {
-		if stopErr := pg.Stop(); stopErr != nil && err == nil {
+		if stopErr := st.stop(); stopErr != nil && err == nil {
 			err = stopErr
 		}
 	}()
-	if err := migrations.Up(ctx, pg.URL()); err != nil {
-		return nil, err
-	}
-	encKey := credentials.GenerateEncryptionKey()
-	seed, err := Seed(ctx, pg.URL(), encKey, cfg.Conversations)
-	if err != nil {
-		return nil, err
-	}
-	// The generator stands for Envoy: one address with many connections, a trusted proxy
-	// (exempt from CORE_MAX_CONNS_PER_IP, as TRUSTED_PROXIES makes Envoy).
-	core, base, err := startCore(ctx, coreBin, pg.URL(), encKey, seed, stderr, "TRUSTED_PROXIES=127.0.0.1")
-	if err != nil {
-		return nil, err
-	}
-	defer core.Stop()
-	pc, err := pgxpool.ParseConfig(pg.URL())
-	if err != nil {
-		return nil, err
-	}
-	pc.MaxConns = int32(Config{}.PoolSize())
-	pool, err := pgxpool.NewWithConfig(ctx, pc)
-	if err != nil {
-		return nil, err
-	}
-	defer pool.Close()
+	core, base, pool, seed := st.core, st.base, st.pool, st.seed
 
 	tr := &http.Transport{MaxIdleConnsPerHost: maxOutstanding, IdleConnTimeout: time.Minute, DisableCompression: true}
 	defer tr.CloseIdleConnections()

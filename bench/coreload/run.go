@@ -41,47 +41,19 @@ func Run(ctx context.Context, cfg Config, stdout, stderr io.Writer) (rep *Report
 	rep = &Report{Config: cfg, Started: time.Now(), Machine: runinfo.Describe(ctx), LoadStart: runinfo.LoadAvg(),
 		Source: runinfo.Source(ctx, root, "core", "shared")}
 
-	t0 := time.Now()
-	pg, err := pgserver.Start(ctx, pgserver.Options{})
+	st, err := startStack(ctx, coreBin, cfg.Conversations, stderr)
 	if err != nil {
 		return nil, err
 	}
 	defer func() {
-		if stopErr := pg.Stop(); stopErr != nil && err == nil {
+		if stopErr := st.stop(); stopErr != nil && err == nil {
 			err = stopErr
 		}
 	}()
-	if err := migrations.Up(ctx, pg.URL()); err != nil {
-		return nil, err
-	}
-	rep.Setup.Postgres = time.Since(t0)
-
-	t0 = time.Now()
-	encKey := credentials.GenerateEncryptionKey()
-	seed, err := Seed(ctx, pg.URL(), encKey, cfg.Conversations)
-	if err != nil {
-		return nil, err
-	}
-	rep.Setup.Seed = time.Since(t0)
+	rep.Setup.Postgres, rep.Setup.Seed = st.setupPostgres, st.setupSeed
 	logf("PostgreSQL ready in %v; seeded a tenant, a channel and %d+1 conversations in %v",
 		rep.Setup.Postgres.Round(time.Millisecond), cfg.Conversations, rep.Setup.Seed.Round(time.Millisecond))
-
-	core, base, err := startCore(ctx, coreBin, pg.URL(), encKey, seed, stderr)
-	if err != nil {
-		return nil, err
-	}
-	defer core.Stop()
-
-	pc, err := pgxpool.ParseConfig(pg.URL())
-	if err != nil {
-		return nil, err
-	}
-	pc.MaxConns = int32(cfg.PoolSize())
-	pool, err := pgxpool.NewWithConfig(ctx, pc)
-	if err != nil {
-		return nil, err
-	}
-	defer pool.Close()
+	core, base, pool, seed := st.core, st.base, st.pool, st.seed
 
 	text := strings.Repeat("x", cfg.TextBytes)
 	body := []byte(`{"type":"message","text":"` + text + `"}`)
@@ -148,6 +120,66 @@ func Run(ctx context.Context, cfg Config, stdout, stderr io.Writer) (rep *Report
 		logf("report written to %s", out)
 	}
 	return rep, nil
+}
+
+// stack is what a load test runs against: a throwaway PostgreSQL with the schema and
+// the seed, a `core serve` over it, and the baseline's pool of as many connections as
+// the core's.
+type stack struct {
+	pg                       *pgserver.Server
+	seed                     SeedData
+	core                     *procs.Proc
+	base                     string
+	pool                     *pgxpool.Pool
+	setupPostgres, setupSeed time.Duration
+}
+
+// startStack starts a stack (the core with the extra variables); stop releases it,
+// also after a failed start.
+func startStack(ctx context.Context, coreBin string, conversations int, log io.Writer, coreEnv ...string) (st *stack, err error) {
+	st = &stack{}
+	defer func() {
+		if err != nil {
+			_ = st.stop()
+		}
+	}()
+	t0 := time.Now()
+	if st.pg, err = pgserver.Start(ctx, pgserver.Options{}); err != nil {
+		return nil, err
+	}
+	if err := migrations.Up(ctx, st.pg.URL()); err != nil {
+		return st, err
+	}
+	st.setupPostgres = time.Since(t0)
+	t0 = time.Now()
+	encKey := credentials.GenerateEncryptionKey()
+	if st.seed, err = Seed(ctx, st.pg.URL(), encKey, conversations); err != nil {
+		return st, err
+	}
+	st.setupSeed = time.Since(t0)
+	if st.core, st.base, err = startCore(ctx, coreBin, st.pg.URL(), encKey, st.seed, log, coreEnv...); err != nil {
+		return st, err
+	}
+	pc, err := pgxpool.ParseConfig(st.pg.URL())
+	if err != nil {
+		return st, err
+	}
+	pc.MaxConns = int32(Config{}.PoolSize())
+	st.pool, err = pgxpool.NewWithConfig(ctx, pc)
+	return st, err
+}
+
+func (st *stack) stop() error {
+	if st.pool != nil {
+		st.pool.Close()
+	}
+	if st.core != nil {
+		st.core.Stop()
+	}
+	if st.pg != nil {
+		return st.pg.Stop()
+	}
+	return nil
 }
 
 // phaseErr reports an interruption or a core that died.

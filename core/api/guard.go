@@ -141,6 +141,9 @@ func matchPath(path, pattern string) bool {
 // requestConfig is fasthttp's HeaderReceived: the body limit and read timeout of the
 // request's route, known before the body is read.
 func (s *server) requestConfig(h *fasthttp.RequestHeader) fasthttp.RequestConfig {
+	if !h.IsPost() && !h.IsPut() && !h.IsPatch() {
+		return fasthttp.RequestConfig{MaxRequestBodySize: s.maxJSONBody()}
+	}
 	u := fasthttp.AcquireURI()
 	defer fasthttp.ReleaseURI(u)
 	if err := u.Parse(nil, h.RequestURI()); err != nil {
