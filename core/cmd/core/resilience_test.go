@@ -21,6 +21,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -225,23 +226,23 @@ func flood(addr string) int {
 }
 
 // startFlood runs a flood helper and returns when its connections are open, with how
-// many; closing the returned writer ends it.
-func startFlood(t *testing.T, addr string, n int, sources []string) (int, io.Closer) {
-	t.Helper()
+// many; closing the returned writer ends it (and the test's end does). It may run on
+// any goroutine: it reports failures as errors.
+func startFlood(t *testing.T, addr string, n int, sources []string) (int, io.Closer, error) {
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
 	cmd.Env = append(os.Environ(), floodEnv+"="+addr, "CORE_TEST_FLOOD_N="+strconv.Itoa(n),
 		"CORE_TEST_FLOOD_FROM="+strings.Join(sources, ","))
 	stdin, err := cmd.StdinPipe()
 	if err != nil {
-		t.Fatal(err)
+		return 0, nil, err
 	}
 	stdout, err := cmd.StdoutPipe()
 	if err != nil {
-		t.Fatal(err)
+		return 0, nil, err
 	}
 	cmd.Stderr = os.Stderr
 	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
+		return 0, nil, err
 	}
 	t.Cleanup(func() {
 		stdin.Close()
@@ -257,9 +258,9 @@ func startFlood(t *testing.T, addr string, n int, sources []string) (int, io.Clo
 	line, err := bufio.NewReader(stdout).ReadString('\n')
 	var opened int
 	if _, scanErr := fmt.Sscanf(line, "opened %d", &opened); err != nil || scanErr != nil {
-		t.Fatalf("flood helper: %q %v", line, err)
+		return 0, stdin, fmt.Errorf("flood helper: %q %v", line, err)
 	}
-	return opened, stdin
+	return opened, stdin, nil
 }
 
 // probe sends one request on a connection of its own from a loopback source address,
@@ -315,16 +316,42 @@ func TestConnectionFlood(t *testing.T) {
 	for i := range 40 {
 		many = append(many, fmt.Sprintf("127.0.1.%d", 10+i))
 	}
+	// Helpers of at most 10,000 connections each, fewer when a process may open fewer
+	// files: half of the 20,000 from 127.0.0.1, half from the 40 others.
+	var rl syscall.Rlimit
+	if err := syscall.Getrlimit(syscall.RLIMIT_NOFILE, &rl); err != nil {
+		t.Fatal(err)
+	}
+	per := int(min(10_000, rl.Max-256))
+	type helper struct {
+		n       int
+		sources []string
+	}
+	var helpers []helper
+	for _, sources := range [][]string{{"127.0.0.1"}, many} {
+		for left := 10_000; left > 0; left -= per {
+			helpers = append(helpers, helper{min(per, left), sources})
+		}
+	}
 	start := time.Now()
-	var opened [2]int
-	var floods [2]io.Closer
+	opened := make([]int, len(helpers))
+	floods := make([]io.Closer, len(helpers))
+	errs := make([]error, len(helpers))
 	var wg sync.WaitGroup
-	wg.Go(func() { opened[0], floods[0] = startFlood(t, addr, 10_000, []string{"127.0.0.1"}) })
-	wg.Go(func() { opened[1], floods[1] = startFlood(t, addr, 10_000, many) })
+	for i, h := range helpers {
+		wg.Go(func() { opened[i], floods[i], errs[i] = startFlood(t, addr, h.n, h.sources) })
+	}
 	wg.Wait()
-	t.Logf("%d + %d connections opened in %v", opened[0], opened[1], time.Since(start))
-	if opened[0]+opened[1] < 15_000 {
-		t.Fatalf("only %d connections could be opened", opened[0]+opened[1])
+	total := 0
+	for i, n := range opened {
+		if errs[i] != nil {
+			t.Fatal(errs[i])
+		}
+		total += n
+	}
+	t.Logf("%d connections opened by %d helpers in %v", total, len(helpers), time.Since(start))
+	if total < 15_000 {
+		t.Fatalf("only %d connections could be opened", total)
 	}
 	time.Sleep(time.Second) // probes during the flood
 	core.alive()
