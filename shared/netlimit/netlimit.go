@@ -154,12 +154,22 @@ func (l *Listener) Stats() Stats {
 }
 
 // SetIdle tells the listener that a connection is idle (it has been answered and waits
-// for its next request): it may be closed to make room at MaxConns. Reading from it
-// makes it busy again. Call it from the server's connection-state hook; connections of
-// other listeners are ignored.
+// for its next request): it may be closed to make room at MaxConns. Call it, and
+// SetActive, from the server's connection-state hook; connections of other listeners
+// are ignored.
 func (l *Listener) SetIdle(c net.Conn) {
 	if lc, ok := c.(*Conn); ok && lc.l == l {
 		lc.idleSince.Store(time.Now().UnixNano())
+	}
+}
+
+// SetActive tells the listener that the server is reading or handling a request of a
+// connection (a request it may have buffered already, so that no read follows): it is
+// not closed to make room. A connection that has not sent a byte yet stays idle (some
+// servers, fasthttp among them, call a new connection active before anything arrives).
+func (l *Listener) SetActive(c net.Conn) {
+	if lc, ok := c.(*Conn); ok && lc.l == l && lc.read.Load() {
+		lc.idleSince.Store(0)
 	}
 }
 
@@ -283,6 +293,7 @@ type Conn struct {
 	counted bool // in perIP
 	// idleSince is when the connection became idle (unix nanoseconds), 0 while busy.
 	idleSince atomic.Int64
+	read      atomic.Bool // it has sent a byte
 	linger    atomic.Bool
 }
 
@@ -307,10 +318,36 @@ func LingerOnClose(c net.Conn) {
 // Read reads from the connection; a connection that receives bytes is busy.
 func (c *Conn) Read(b []byte) (int, error) {
 	n, err := c.Conn.Read(b)
-	if n > 0 && c.idleSince.Load() != 0 {
-		c.idleSince.Store(0)
+	if n > 0 {
+		if !c.read.Load() {
+			c.read.Store(true)
+		}
+		if c.idleSince.Load() != 0 {
+			c.idleSince.Store(0)
+		}
 	}
 	return n, err
+}
+
+// A connection closed to make room may still be in a server's hands, between the bytes
+// it read and the answer it writes. Its reads and writes fail, as on any closed
+// connection; its deadlines are set without error, because servers take a failed
+// deadline for a bug of their own (fasthttp panics).
+
+// SetDeadline sets the read and write deadlines.
+func (c *Conn) SetDeadline(t time.Time) error { return closedIsNil(c.Conn.SetDeadline(t)) }
+
+// SetReadDeadline sets the read deadline.
+func (c *Conn) SetReadDeadline(t time.Time) error { return closedIsNil(c.Conn.SetReadDeadline(t)) }
+
+// SetWriteDeadline sets the write deadline.
+func (c *Conn) SetWriteDeadline(t time.Time) error { return closedIsNil(c.Conn.SetWriteDeadline(t)) }
+
+func closedIsNil(err error) error {
+	if errors.Is(err, net.ErrClosed) {
+		return nil
+	}
+	return err
 }
 
 // Close closes the connection and releases its place.

@@ -178,8 +178,11 @@ func Start(cfg *config.Config, o Options) (*Sidecar, error) {
 		IdleTimeout:       2 * time.Minute,
 		MaxHeaderBytes:    MaxHTTPHeaderBytes,
 		ConnState: func(c net.Conn, state http.ConnState) {
-			if state == http.StateIdle {
+			switch state {
+			case http.StateIdle:
 				hl.SetIdle(c)
+			case http.StateActive:
+				hl.SetActive(c)
 			}
 		},
 	}

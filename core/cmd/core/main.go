@@ -158,8 +158,11 @@ func serve(ctx context.Context, cfg *config.Config, log *slog.Logger) error {
 		return err
 	}
 	app.Server().ConnState = func(c net.Conn, state fasthttp.ConnState) {
-		if state == fasthttp.StateIdle {
+		switch state {
+		case fasthttp.StateIdle:
 			ln.SetIdle(c)
+		case fasthttp.StateActive:
+			ln.SetActive(c)
 		}
 	}
 	opsLn, err := net.Listen("tcp", cfg.OpsAddr)
@@ -177,8 +180,11 @@ func serve(ctx context.Context, cfg *config.Config, log *slog.Logger) error {
 	// A scraper or a probe needs few connections; the ops address is loopback by default.
 	opsGuard := netlimit.Wrap(opsLn, netlimit.Options{MaxConns: 64, Refuse: netlimit.RefuseHTTP, Logger: log, Name: "CORE_OPS_ADDR"})
 	opsSrv.ConnState = func(c net.Conn, state http.ConnState) {
-		if state == http.StateIdle {
+		switch state {
+		case http.StateIdle:
 			opsGuard.SetIdle(c)
+		case http.StateActive:
+			opsGuard.SetActive(c)
 		}
 	}
 
