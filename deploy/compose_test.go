@@ -233,7 +233,7 @@ func listensInPod(containers map[string]*container, members []string, addr strin
 
 // addressVars are the variables that say where a program listens.
 var addressVars = map[string][]string{
-	"core":    {"CORE_ADDR"},
+	"core":    {"CORE_ADDR", "CORE_OPS_ADDR"},
 	"sidecar": {"SIDECAR_GRPC_ADDR", "SIDECAR_HTTP_ADDR", "CLUSTER_BIND_ADDR"},
 }
 
