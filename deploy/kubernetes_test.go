@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"net"
 	"os"
 	"path/filepath"
@@ -843,6 +844,33 @@ func TestKubernetesManifests(t *testing.T) {
 	}
 	if errs := checkKubernetes(t, k); len(errs) > 0 {
 		t.Fatalf("deploy/kubernetes:\n%v", errors.Join(errs...))
+	}
+
+	// The README's switch to the global rate limits: its args line in place of the
+	// Deployment's runs a bootstrap of the mount with the rate limit filter.
+	argsRe := regexp.MustCompile(`(?m)^ *args: \["-c", "[^"]+", "--disable-hot-restart"\]$`)
+	documented := argsRe.FindString(readme)
+	if documented == "" || !argsRe.MatchString(string(files["converger.yaml"])) {
+		t.Fatal("no Envoy args line in the README's switch, or in converger.yaml, to compare")
+	}
+	switched := maps.Clone(files)
+	switched["converger.yaml"] = []byte(argsRe.ReplaceAllLiteralString(string(files["converger.yaml"]), documented))
+	if k, err = loadKube(t, switched, readme); err != nil {
+		t.Fatal(err)
+	}
+	if errs := checkKubernetes(t, k); len(errs) > 0 {
+		t.Fatalf("deploy/kubernetes with the README's %s:\n%v", strings.TrimSpace(documented), errors.Join(errs...))
+	}
+	for _, c := range k.m.deployments[0].Spec.Template.Spec.Containers {
+		if !strings.HasPrefix(c.Image, "envoyproxy/envoy:") {
+			continue
+		}
+		path, _ := envoyConfigArg(c.Args)
+		if bs, err := envoy.ReadBootstrap(filepath.Join("..", "envoy", filepath.Base(path))); err != nil {
+			t.Error(err)
+		} else if domains, _ := rateLimitDomains(bs); len(domains) == 0 {
+			t.Errorf("the README's switch runs %s, which has no global rate limit filter", path)
+		}
 	}
 }
 
