@@ -9,6 +9,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 
 	bootstrapv3 "github.com/envoyproxy/go-control-plane/envoy/config/bootstrap/v3"
 	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ratelimit/v3"
@@ -37,8 +38,24 @@ func readEnvoyBootstrap(c *container, path string) (*bootstrapv3.Bootstrap, erro
 	if err != nil || !bytes.Equal(got, want) {
 		return nil, fmt.Errorf("its bootstrap %s is not envoy/%s of the repository", path, filepath.Base(path))
 	}
-	return envoy.ParseBootstrap(got)
+	bootstraps.Lock()
+	defer bootstraps.Unlock()
+	if bs, ok := bootstraps.parsed[string(got)]; ok {
+		return bs, nil
+	}
+	bs, err := envoy.ParseBootstrap(got)
+	if err == nil {
+		bootstraps.parsed[string(got)] = bs
+	}
+	return bs, err
 }
+
+// bootstraps are the bootstraps parsed so far, by content: the checks of every broken
+// copy read the same ones, and only read them.
+var bootstraps = struct {
+	sync.Mutex
+	parsed map[string]*bootstrapv3.Bootstrap
+}{parsed: map[string]*bootstrapv3.Bootstrap{}}
 
 // checkEnvoyPod checks what one bootstrap needs of the programs sharing Envoy's network
 // namespace (members): every cluster it sends to is served there, but Envoy's own admin
