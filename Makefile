@@ -14,7 +14,7 @@ ifeq ($(origin BENCH_OUT), undefined)
 BENCH_OUT := bench/out/$(shell date -u +%Y%m%dT%H%M%SZ)-go
 endif
 
-.PHONY: all build run test lint vet fmt-check unit bench bench-go bench-authz bench-forward-auth bench-core bench-cluster proto clean
+.PHONY: all build run test lint vet fmt-check unit bench bench-go bench-rls-go bench-authz bench-forward-auth bench-rls bench-core bench-core-overload bench-cluster proto clean
 
 all: build
 
@@ -25,8 +25,8 @@ build:
 	$(GO) build $(BUILDFLAGS) -o bin/devstack ./deploy/cmd/devstack
 
 # A throwaway PostgreSQL under ./.data (unless DATABASE_URL is set), migrations, dev keys,
-# a demo tenant and echo channel, the sidecar (:8081/:8082) and the core (:8080, with
-# AUTHZ_ADDR) in the foreground. Ctrl-C stops everything.
+# a demo tenant and echo channel, the sidecar (:8081/:8082) and the core (:8080, its
+# metrics and health on :8083, with AUTHZ_ADDR) in the foreground. Ctrl-C stops everything.
 run: build
 	./bin/devstack
 
@@ -49,13 +49,15 @@ unit:
 	$(GO) test -race -count=1 -timeout 10m ./...
 
 # Benchmarks (each run writes into a new folder under bench/out/): the limiter hot path and
-# the live view's recorder (Go benchmarks, compare runs with benchstat; the ext_authz Check
-# with and without the recorder in the same run), the authorization load test against a no-op
-# server in the same run, the same for the HTTP forward-auth check (and Caddy and nginx with
-# the check against without it), the core's activity POSTs against pgx inserting the same
-# rows directly, and the cluster's overshoot and traffic against the sync interval (about
-# 15 minutes).
-bench: bench-go bench-authz bench-forward-auth bench-core bench-cluster
+# the live view's recorder and the rate limit service's decisions beside the authorization
+# Check (Go benchmarks, compare runs with benchstat; the ext_authz Check with and without the
+# recorder in the same run); the authorization load test, the same for the HTTP forward-auth
+# check (and Caddy and nginx with the check against without it) and the rate limit
+# service's, each against a no-op server in the same run; the core's activity POSTs against
+# pgx inserting the same rows directly; the core's capacity and its recovery from an
+# overload; and the cluster's overshoot and traffic against the sync interval (about 20
+# minutes).
+bench: bench-go bench-rls-go bench-authz bench-forward-auth bench-rls bench-core bench-core-overload bench-cluster
 
 bench-go:
 	@mkdir -p $(BENCH_OUT)
@@ -73,14 +75,26 @@ bench-go:
 	$(GOBIN)/benchstat $(BENCH_OUT)/traffic.txt
 	$(GOBIN)/benchstat -col /traffic $(BENCH_OUT)/authz-check.txt
 
+bench-rls-go:
+	@mkdir -p $(BENCH_OUT)
+	$(GO) test -run '^$$' -bench 'BenchmarkDecide|BenchmarkCheck' -benchmem -count 6 ./sidecar/rls/ ./sidecar/authz/ | tee $(BENCH_OUT)/rls-decide.txt
+	@test -x $(GOBIN)/benchstat || $(GO) install golang.org/x/perf/cmd/benchstat@$(BENCHSTAT_VERSION)
+	$(GOBIN)/benchstat $(BENCH_OUT)/rls-decide.txt
+
 bench-authz: build
 	./bin/bench authz
 
 bench-forward-auth: build
 	./bin/bench forward-auth
 
+bench-rls: build
+	./bin/bench rls
+
 bench-core: build
 	./bin/bench core
+
+bench-core-overload: build
+	./bin/bench core-overload
 
 bench-cluster: build
 	./bin/bench cluster

@@ -4,9 +4,11 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"math"
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"testing"
 
@@ -19,9 +21,13 @@ import (
 	listenerv3 "github.com/envoyproxy/go-control-plane/envoy/config/listener/v3"
 	routev3 "github.com/envoyproxy/go-control-plane/envoy/config/route/v3"
 	extauthzv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_authz/v3"
+	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ratelimit/v3"
 	hcmv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/http_connection_manager/v3"
 	upstreamhttpv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/upstreams/http/v3"
 	matcherv3 "github.com/envoyproxy/go-control-plane/envoy/type/matcher/v3"
+
+	"github.com/converger/edge/sidecar/limiter"
+	"github.com/converger/edge/sidecar/rls"
 
 	// Every type that appears in a typed_config of a config under envoy/ must be registered,
 	// or protojson cannot resolve the Any. Add the package here when a config uses a new one.
@@ -32,9 +38,14 @@ import (
 
 // The contract between the bootstrap configs and the rest of the system (DESIGN.md §1, §7).
 const (
-	sidecarCluster     = "sidecar_authz"
-	coreCluster        = "core"
-	extAuthzFilter     = "envoy.filters.http.ext_authz"
+	sidecarCluster  = "sidecar_authz"
+	coreCluster     = "core"
+	extAuthzFilter  = "envoy.filters.http.ext_authz"
+	rateLimitFilter = "envoy.filters.http.ratelimit"
+	rlsCluster      = "sidecar_rls"
+	// rulesDir holds the rate limit service's rules of the bootstraps with the global rate
+	// limit filter: rule files, not bootstraps.
+	rulesDir           = "ratelimit"
 	routerFilter       = "envoy.filters.http.router"
 	upstreamHTTPOptKey = "envoy.extensions.upstreams.http.v3.HttpProtocolOptions"
 )
@@ -58,6 +69,9 @@ func TestBootstrapFiles(t *testing.T) {
 		if err != nil {
 			return err
 		}
+		if d.IsDir() && path == rulesDir {
+			return filepath.SkipDir
+		}
 		if !d.IsDir() && (strings.HasSuffix(path, ".yaml") || strings.HasSuffix(path, ".yml")) {
 			files = append(files, path)
 		}
@@ -69,6 +83,11 @@ func TestBootstrapFiles(t *testing.T) {
 	if len(files) == 0 {
 		t.Fatal("no *.yaml bootstrap found under envoy/")
 	}
+	rules, err := rls.LoadDir(rulesDir)
+	if err != nil {
+		t.Fatalf("the rules of %s/ are not valid:\n%v", rulesDir, err)
+	}
+	withRLS := 0
 	for _, path := range files {
 		t.Run(path, func(t *testing.T) {
 			raw, err := os.ReadFile(path)
@@ -82,7 +101,15 @@ func TestBootstrapFiles(t *testing.T) {
 			if err := checkSidecarContract(bs); err != nil {
 				t.Fatalf("%s breaks the edge contract:\n%v", path, err)
 			}
+			n, err := checkRateLimitContract(bs, rules)
+			if err != nil {
+				t.Fatalf("%s breaks the rate limit service's contract:\n%v", path, err)
+			}
+			withRLS += n
 		})
+	}
+	if withRLS == 0 {
+		t.Errorf("no bootstrap under envoy/ has the %s filter", rateLimitFilter)
 	}
 }
 
@@ -312,6 +339,114 @@ func checkSidecarContract(bs *bootstrapv3.Bootstrap) error {
 		errs = append(errs, err)
 	}
 	return errors.Join(errs...)
+}
+
+// checkRateLimitContract asserts, for every http_connection_manager with Envoy's global rate
+// limit filter, what the sidecar's rate limit service relies on: the filter asks
+// ShouldRateLimit over transport V3 on the HTTP/2 cluster sidecar_rls before the router, in
+// a domain of the rules in envoy/ratelimit/; and every descriptor a route's rate_limits
+// build is limited by one of those rules (or explicitly unlimited), as the sidecar decides
+// it. It returns how many connection managers have the filter.
+func checkRateLimitContract(bs *bootstrapv3.Bootstrap, rules *rls.Rules) (int, error) {
+	var errs []error
+	fail := func(format string, a ...any) { errs = append(errs, fmt.Errorf(format, a...)) }
+	hcms, err := connectionManagers(bs)
+	if err != nil {
+		return 0, err
+	}
+	n := 0
+	for where, hcm := range hcms {
+		filters := hcm.GetHttpFilters()
+		at := -1
+		for i, f := range filters {
+			if f.GetName() == rateLimitFilter {
+				at = i
+			}
+		}
+		if at < 0 {
+			continue
+		}
+		n++
+		if at != len(filters)-2 || filters[len(filters)-1].GetName() != routerFilter {
+			fail("%s: %s must be the filter just before the router", where, rateLimitFilter)
+		}
+		rl := &ratelimitv3.RateLimit{}
+		if err := filters[at].GetTypedConfig().UnmarshalTo(rl); err != nil {
+			fail("%s: %s typed_config is not a RateLimit: %v", where, rateLimitFilter, err)
+			continue
+		}
+		svc := rl.GetRateLimitService()
+		if v := svc.GetTransportApiVersion(); v != corev3.ApiVersion_V3 {
+			fail("%s: rate_limit_service transport_api_version is %v, want V3", where, v)
+		}
+		if c := svc.GetGrpcService().GetEnvoyGrpc().GetClusterName(); c != rlsCluster {
+			fail("%s: rate_limit_service grpc_service.envoy_grpc.cluster_name is %q, want %q", where, c, rlsCluster)
+		}
+		if !slices.Contains(rules.Domains(), rl.GetDomain()) {
+			fail("%s: domain %q has no rules in envoy/%s/ (domains: %v)", where, rl.GetDomain(), rulesDir, rules.Domains())
+			continue
+		}
+		decider := rls.New(limiter.New(limiter.Options{}), rules, rls.Options{})
+		limited := 0
+		for _, vh := range hcm.GetRouteConfig().GetVirtualHosts() {
+			for ri, r := range vh.GetRoutes() {
+				for li, l := range append(slices.Clone(vh.GetRateLimits()), r.GetRoute().GetRateLimits()...) {
+					at := fmt.Sprintf("%s: virtual host %q route %d rate_limits[%d]", where, vh.GetName(), ri, li)
+					if l.GetStage().GetValue() != rl.GetStage() {
+						continue
+					}
+					d, err := descriptorOf(l)
+					if err != nil {
+						fail("%s: %v", at, err)
+						continue
+					}
+					var resp rls.Response
+					req := rls.Request{Domain: rl.GetDomain(), Descriptors: []rls.Descriptor{d}}
+					if err := decider.Decide(&req, &resp); err != nil {
+						fail("%s: %v", at, err)
+						continue
+					}
+					if st := resp.Statuses[0]; !st.HasLimit && st.Remaining != math.MaxUint32 {
+						fail("%s: the descriptor %v matches no rule with a limit in domain %q", at, d.Entries, rl.GetDomain())
+					}
+					limited++
+				}
+			}
+		}
+		if limited == 0 {
+			fail("%s: no route has rate_limits: the filter would never ask the sidecar", where)
+		}
+	}
+	if err := checkHTTP2Cluster(bs, rlsCluster); n > 0 && err != nil {
+		errs = append(errs, err)
+	}
+	return n, errors.Join(errs...)
+}
+
+// descriptorOf is the descriptor Envoy builds from a route's rate limit actions, with a
+// sample value where the request supplies it.
+func descriptorOf(l *routev3.RateLimit) (rls.Descriptor, error) {
+	var d rls.Descriptor
+	for _, a := range l.GetActions() {
+		switch {
+		case a.GetRemoteAddress() != nil:
+			d.Entries = append(d.Entries, rls.Entry{Key: "remote_address", Value: "192.0.2.10"})
+		case a.GetGenericKey() != nil:
+			g := a.GetGenericKey()
+			key := g.GetDescriptorKey()
+			if key == "" {
+				key = "generic_key"
+			}
+			d.Entries = append(d.Entries, rls.Entry{Key: key, Value: g.GetDescriptorValue()})
+		case a.GetRequestHeaders() != nil:
+			d.Entries = append(d.Entries, rls.Entry{Key: a.GetRequestHeaders().GetDescriptorKey(), Value: "https://shop.example"})
+		case a.GetHeaderValueMatch() != nil:
+			d.Entries = append(d.Entries, rls.Entry{Key: "header_match", Value: a.GetHeaderValueMatch().GetDescriptorValue()})
+		default:
+			return d, fmt.Errorf("action %v: this test does not know what descriptor Envoy builds for it; teach descriptorOf", a)
+		}
+	}
+	return d, nil
 }
 
 // connectionManagers unpacks every http_connection_manager of the static listeners, keyed by
@@ -626,4 +761,67 @@ func repackHCM(t *testing.T, bs *bootstrapv3.Bootstrap, hcm *hcmv3.HttpConnectio
 	}
 	f := bs.GetStaticResources().GetListeners()[0].GetFilterChains()[0].GetFilters()[0]
 	f.ConfigType = &listenerv3.Filter_TypedConfig{TypedConfig: a}
+}
+
+// minimalRLSBootstrap is minimalBootstrap with the global rate limit filter and a route
+// that sends one descriptor.
+var minimalRLSBootstrap = strings.NewReplacer(
+	"        - { match: { prefix: /api/ }, route: { cluster: core } }",
+	"        - { match: { prefix: /api/ }, route: { cluster: core, rate_limits: [{ actions: [{ remote_address: {} }] }] } }",
+	`                  - name: envoy.filters.http.router
+`, `                  - name: envoy.filters.http.ratelimit
+                    typed_config:
+                      "@type": type.googleapis.com/envoy.extensions.filters.http.ratelimit.v3.RateLimit
+                      domain: edge
+                      rate_limit_service:
+                        transport_api_version: V3
+                        grpc_service: { envoy_grpc: { cluster_name: sidecar_rls } }
+                  - name: envoy.filters.http.router
+`,
+	"  clusters:\n", `  clusters:
+    - name: sidecar_rls
+      connect_timeout: 0.25s
+      typed_extension_protocol_options:
+        envoy.extensions.upstreams.http.v3.HttpProtocolOptions:
+          "@type": type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions
+          explicit_http_config: { http2_protocol_options: {} }
+      load_assignment:
+        cluster_name: sidecar_rls
+        endpoints: [{ lb_endpoints: [{ endpoint: { address: { socket_address: { address: 127.0.0.1, port_value: 8081 } } } }] }]
+`).Replace(minimalBootstrap)
+
+func TestRateLimitContractRejects(t *testing.T) {
+	rules, err := rls.LoadDir(rulesDir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	bs, err := loadBootstrap([]byte(minimalRLSBootstrap))
+	if err != nil {
+		t.Fatalf("the base of the negative tests must be valid: %v", err)
+	}
+	if n, err := checkRateLimitContract(bs, rules); n != 1 || err != nil {
+		t.Fatalf("the base of the negative tests must meet the contract: %d, %v", n, err)
+	}
+	for _, tc := range []struct{ name, old, new, want string }{
+		{"a domain without rules", "domain: edge", "domain: shop", `domain "shop" has no rules`},
+		{"transport V2", "transport_api_version: V3\n                        grpc_service", "transport_api_version: V2\n                        grpc_service", "want V3"},
+		{"another cluster", "envoy_grpc: { cluster_name: sidecar_rls }", "envoy_grpc: { cluster_name: sidecar_authz }", `want "sidecar_rls"`},
+		{"a descriptor no rule limits", "actions: [{ remote_address: {} }]", "actions: [{ generic_key: { descriptor_value: nothing } }]", "matches no rule"},
+		{"an action the test does not know", "actions: [{ remote_address: {} }]", "actions: [{ destination_cluster: {} }]", "teach descriptorOf"},
+		{"no rate_limits", "route: { cluster: core, rate_limits: [{ actions: [{ remote_address: {} }] }] }", "route: { cluster: core }", "no route has rate_limits"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if strings.Count(minimalRLSBootstrap, tc.old) != 1 {
+				t.Fatalf("test setup: %q is not in the base once", tc.old)
+			}
+			bs, err := loadBootstrap([]byte(strings.Replace(minimalRLSBootstrap, tc.old, tc.new, 1)))
+			if err != nil {
+				t.Fatalf("test setup: the mutated bootstrap must still be valid: %v", err)
+			}
+			_, err = checkRateLimitContract(bs, rules)
+			if err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("want an error about %q, got %v", tc.want, err)
+			}
+		})
+	}
 }

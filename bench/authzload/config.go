@@ -11,6 +11,8 @@ import (
 	"fmt"
 	"strings"
 	"time"
+
+	"github.com/converger/edge/bench/closedloop"
 )
 
 // The targets the sidecar must meet, relative to the no-op server.
@@ -22,19 +24,14 @@ const (
 // Config is the load test's configuration, one field per flag.
 type Config struct {
 	// Interface is the check driven: "grpc" (ext_authz Check) or "http" (forward-auth).
-	Interface   string
-	Sidecar     string        // the sidecar binary
-	Keys        int           // distinct keys in the mix
-	Over        float64       // share of keys driven over their limit
-	Concurrency int           // requests in flight (closed loop)
-	Conns       int           // gRPC connections per target, used round robin
-	Warmup      time.Duration // per target and round, not measured
-	Duration    time.Duration // measured, per target and round
-	Rounds      int
-	MaxRequests int    // per measured phase
-	Seed        uint64 // of the mix
-	Out         string // markdown report; "" writes none
-	Strict      bool   // exit 1 when a target is missed
+	Interface string
+	Sidecar   string  // the sidecar binary
+	Keys      int     // distinct keys in the mix
+	Over      float64 // share of keys driven over their limit
+	closedloop.Loop
+	Seed   uint64 // of the mix
+	Out    string // markdown report; "" writes none
+	Strict bool   // exit 1 when a target is missed
 	// Proxies (http only) are the proxies measured with the check against without it:
 	// "caddy", "nginx", comma-separated; "" none.
 	Proxies string
@@ -47,18 +44,14 @@ type Config struct {
 // DefaultConfig returns the defaults of the flags.
 func DefaultConfig() Config {
 	return Config{
-		Interface:   "grpc",
-		Sidecar:     "bin/sidecar",
-		Keys:        10_000,
-		Over:        0.1,
-		Concurrency: 32,
-		Conns:       4,
-		Warmup:      2 * time.Second,
-		Duration:    5 * time.Second,
-		Rounds:      3,
-		MaxRequests: 2_000_000,
-		Seed:        1,
-		Out:         "bench/results/authz.md",
+		Interface: "grpc",
+		Sidecar:   "bin/sidecar",
+		Keys:      10_000,
+		Over:      0.1,
+		Loop: closedloop.Loop{Concurrency: 32, Conns: 4, Warmup: 2 * time.Second, Duration: 5 * time.Second,
+			Rounds: 3, MaxRequests: 2_000_000},
+		Seed: 1,
+		Out:  "bench/results/authz.md",
 	}
 }
 
@@ -79,6 +72,9 @@ func (c Config) Name() string {
 	return "authz"
 }
 
+// grpc reports whether the check is ext_authz's over gRPC.
+func (c Config) grpc() bool { return c.Interface != "http" }
+
 // ProxyList is Proxies as a list.
 func (c Config) ProxyList() []string {
 	var out []string
@@ -90,21 +86,16 @@ func (c Config) ProxyList() []string {
 	return out
 }
 
-// RegisterFlags defines the flags of `bench authz` on fs, with c's values as defaults.
+// RegisterFlags defines the flags of `bench authz` or `bench forward-auth` on fs, with c's
+// values as defaults.
 func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.StringVar(&c.Sidecar, "sidecar", c.Sidecar, "sidecar binary (relative paths: from the repository root, else the working directory)")
 	fs.IntVar(&c.Keys, "keys", c.Keys, "distinct keys in the mix: API keys, tokens, channel secrets, publishable keys, inbound channel ids, client IPs")
 	fs.Float64Var(&c.Over, "over", c.Over, "share of the keys driven over their limit (0 to 0.5)")
-	fs.IntVar(&c.Concurrency, "concurrency", c.Concurrency, "requests in flight per target (closed loop)")
-	if c.Interface == "http" {
+	if !c.grpc() {
 		fs.StringVar(&c.Proxies, "proxies", c.Proxies, "proxies measured with the check against without it, comma-separated (caddy, nginx); empty: none")
-	} else {
-		fs.IntVar(&c.Conns, "conns", c.Conns, "gRPC connections per target, used round robin")
 	}
-	fs.DurationVar(&c.Warmup, "warmup", c.Warmup, "unmeasured warm-up per target and round")
-	fs.DurationVar(&c.Duration, "duration", c.Duration, "measured phase per target and round")
-	fs.IntVar(&c.Rounds, "rounds", c.Rounds, "rounds; each runs both targets, in alternating order")
-	fs.IntVar(&c.MaxRequests, "max-requests", c.MaxRequests, "at most this many requests per measured phase")
+	c.Loop.RegisterFlags(fs, c.grpc())
 	fs.Uint64Var(&c.Seed, "seed", c.Seed, "seed of the request mix")
 	fs.StringVar(&c.Out, "out", c.Out, "markdown report (relative paths: from the repository root); empty: none")
 	fs.BoolVar(&c.Strict, "strict", c.Strict, fmt.Sprintf("exit 1 when the sidecar misses a target (throughput ≥ %.2f×, p99 ≤ %.2f× the no-op's)", MinThroughputRatio, MaxP99Ratio))
@@ -129,12 +120,7 @@ func (c Config) Validate() error {
 	}
 	check(c.Keys >= 100 && c.Keys <= 1_000_000, "-keys %d: must be from 100 to 1000000", c.Keys)
 	check(c.Over >= 0 && c.Over <= 0.5, "-over %g: must be from 0 to 0.5", c.Over)
-	check(c.Concurrency >= 1 && c.Concurrency <= 4096, "-concurrency %d: must be from 1 to 4096", c.Concurrency)
-	check(c.Conns >= 1 && c.Conns <= 256, "-conns %d: must be from 1 to 256", c.Conns)
-	check(c.Warmup >= 0, "-warmup %v: must not be negative", c.Warmup)
-	check(c.Duration >= 100*time.Millisecond, "-duration %v: must be at least 100ms", c.Duration)
-	check(c.Rounds >= 1 && c.Rounds <= 100, "-rounds %d: must be from 1 to 100", c.Rounds)
-	check(c.MaxRequests >= c.Concurrency && c.MaxRequests <= 100_000_000, "-max-requests %d: must be from -concurrency to 100000000", c.MaxRequests)
+	errs = append(errs, c.Loop.Check()...)
 	if total := time.Duration(c.Rounds) * 2 * (c.Warmup + c.Duration) * time.Duration(1+len(c.ProxyList())); total > maxRun {
 		errs = append(errs, fmt.Errorf("-rounds × 2 × (-warmup + -duration) × (1 + proxies) = %v: at most %v, since the tokens of the mix expire after 30 minutes", total, maxRun))
 	}

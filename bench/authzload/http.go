@@ -1,49 +1,12 @@
 package authzload
 
 import (
-	"context"
-	"net/http"
 	"strings"
 
 	authv3 "github.com/envoyproxy/go-control-plane/envoy/service/auth/v3"
 
 	"github.com/converger/edge/bench/rawhttp"
 )
-
-// httpCaller sends pre-built HTTP requests, one keep-alive connection per closed loop:
-// forward-auth checks to the sidecar's /check (or the no-op HTTP server), or the
-// clients' requests to a proxy.
-type httpCaller struct {
-	conns []rawhttp.Conn // by worker
-	reqs  [][]byte
-}
-
-func newHTTPCaller(addr string, workers int, reqs [][]byte) *httpCaller {
-	c := &httpCaller{conns: make([]rawhttp.Conn, workers), reqs: reqs}
-	for i := range c.conns {
-		c.conns[i].Addr = addr
-	}
-	return c
-}
-
-func (c *httpCaller) call(ctx context.Context, worker, pos int) (verdict, error) {
-	status, err := c.conns[worker].Do(ctx, c.reqs[pos])
-	switch {
-	case err != nil:
-		return 0, err
-	case status == http.StatusTooManyRequests:
-		return rateLimited, nil
-	case status >= 300:
-		return rejected, nil
-	}
-	return allowed, nil
-}
-
-func (c *httpCaller) close() {
-	for i := range c.conns {
-		c.conns[i].Close()
-	}
-}
 
 // skipped are the headers of the mix's requests that a proxy does not copy into the
 // forward-auth check (or that a client without a body does not send): the pseudo

@@ -8,6 +8,7 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/converger/edge/bench/closedloop"
 	"github.com/converger/edge/bench/promscrape"
 	"github.com/converger/edge/bench/runinfo"
 )
@@ -22,10 +23,10 @@ type Report struct {
 	LoadStart, LoadEnd string
 	Setup              SetupInfo
 	// Phases are the measured phases in the order they ran.
-	Phases       []PhaseResult
+	Phases       []closedloop.PhaseResult
 	WarmupErrors int
 	// Sidecar and Noop are the medians over rounds.
-	Sidecar, Noop Summary
+	Sidecar, Noop closedloop.Summary
 	// ThroughputRatio and P99Ratio compare the medians; the Paired ratios are the medians
 	// of the per-round ratios.
 	ThroughputRatio, P99Ratio   float64
@@ -47,9 +48,9 @@ type Report struct {
 type ProxyResult struct {
 	Name         string
 	Skipped      string // why it was not measured; "" when it was
-	Phases       []PhaseResult
+	Phases       []closedloop.PhaseResult
 	WarmupErrors int
-	pair
+	closedloop.Comparison
 }
 
 // SetupInfo describes the data and the mix.
@@ -61,99 +62,20 @@ type SetupInfo struct {
 	Requests, Prologue, Bytes int
 }
 
-// Summary is one target's figures: medians over rounds of req/s, p50 and p99, and sums
-// of the counts.
-type Summary struct {
-	Target                             string
-	RPS                                float64
-	P50, P99                           time.Duration
-	TargetCPU, GenCPU                  time.Duration // per request
-	Requests, Errors, Denied, Rejected int
-	ByClass                            [numClasses]ClassCount
-}
-
-// pair is a target's figures against its baseline's in the same rounds.
-type pair struct {
-	// A and B are the target's and the baseline's medians over rounds.
-	A, B Summary
-	// ThroughputRatio and P99Ratio compare the medians; the Paired ratios are the medians
-	// of the per-round ratios.
-	ThroughputRatio, P99Ratio   float64
-	PairedThroughput, PairedP99 float64
-}
-
-// summarizePair sums up the phases of targets a and b.
-func summarizePair(phases []PhaseResult, rounds int, a, b string) pair {
-	sum := func(name string) Summary {
-		s := Summary{Target: name}
-		var rps, p50, p99, tcpu, gcpu []float64
-		for _, p := range phases {
-			if p.Target != name {
-				continue
-			}
-			rps = append(rps, p.RPS)
-			p50 = append(p50, float64(p.P50))
-			p99 = append(p99, float64(p.P99))
-			tcpu = append(tcpu, float64(p.TargetCPU))
-			gcpu = append(gcpu, float64(p.GenCPU))
-			s.Requests += p.Requests
-			s.Errors += p.Errors
-			s.Denied += p.Denied
-			s.Rejected += p.Rejected
-			for c := range s.ByClass {
-				s.ByClass[c].Requests += p.ByClass[c].Requests
-				s.ByClass[c].Denied += p.ByClass[c].Denied
-			}
-		}
-		s.RPS, s.P50, s.P99 = Median(rps), time.Duration(Median(p50)), time.Duration(Median(p99))
-		s.TargetCPU, s.GenCPU = time.Duration(Median(tcpu)), time.Duration(Median(gcpu))
-		return s
-	}
-	x := pair{A: sum(a), B: sum(b)}
-	x.ThroughputRatio = ratio(x.A.RPS, x.B.RPS)
-	x.P99Ratio = ratio(float64(x.A.P99), float64(x.B.P99))
-	var thr, p99 []float64
-	for round := 1; round <= rounds; round++ {
-		var pa, pb *PhaseResult
-		for i := range phases {
-			p := &phases[i]
-			if p.Round == round && p.Target == a {
-				pa = p
-			} else if p.Round == round && p.Target == b {
-				pb = p
-			}
-		}
-		if pa != nil && pb != nil {
-			thr = append(thr, ratio(pa.RPS, pb.RPS))
-			p99 = append(p99, ratio(float64(pa.P99), float64(pb.P99)))
-		}
-	}
-	x.PairedThroughput, x.PairedP99 = Median(thr), Median(p99)
-	return x
-}
-
 func (r *Report) summarize() {
-	x := summarizePair(r.Phases, r.Config.Rounds, "sidecar", "no-op")
-	r.Sidecar, r.Noop = x.A, x.B
-	r.ThroughputRatio, r.P99Ratio = x.ThroughputRatio, x.P99Ratio
-	r.PairedThroughput, r.PairedP99 = x.PairedThroughput, x.PairedP99
-	r.Pass = r.ThroughputRatio >= MinThroughputRatio && r.P99Ratio <= MaxP99Ratio &&
-		r.Sidecar.Errors == 0 && r.Noop.Errors == 0 && r.WarmupErrors == 0
+	c := closedloop.Compare(r.Phases, "sidecar", "no-op")
+	r.Sidecar, r.Noop = c.Target, c.Baseline
+	r.ThroughputRatio, r.P99Ratio = c.ThroughputRatio, c.P99Ratio
+	r.PairedThroughput, r.PairedP99 = c.PairedThroughput, c.PairedP99
+	r.Pass = c.Meets(MinThroughputRatio, MaxP99Ratio) && r.WarmupErrors == 0
 }
 
-func ratio(a, b float64) float64 {
-	if b == 0 {
-		return 0
-	}
-	return a / b
-}
-
-func pct(a, b int) float64 {
-	if b == 0 {
-		return 0
-	}
-	return 100 * float64(a) / float64(b)
-}
+var (
+	ratio   = closedloop.Ratio
+	pct     = closedloop.Pct
+	fmtCPU  = closedloop.FmtCPU
+	fmtLoad = closedloop.FmtLoad
+)
 
 // normalDeniedByKind lists the kinds of the normal keys that got a 429, e.g. " (3 client IP)".
 func (r *Report) normalDeniedByKind() string {
@@ -167,22 +89,6 @@ func (r *Report) normalDeniedByKind() string {
 		return ""
 	}
 	return ": " + strings.Join(parts, ", ")
-}
-
-// fmtLoad prints a load in CPUs, "?" when unknown.
-func fmtLoad(l float64) string {
-	if l < 0 {
-		return "?"
-	}
-	return fmt.Sprintf("%.2f", l)
-}
-
-// fmtCPU prints a CPU time per request, "?" when unknown.
-func fmtCPU(d time.Duration) string {
-	if d <= 0 {
-		return "?"
-	}
-	return fmt.Sprintf("%.1fµs", float64(d)/1e3)
 }
 
 // Command is the command line that reproduces the run.
@@ -202,21 +108,12 @@ func (r *Report) loops() string {
 // flagRows lists the flags and their values.
 func (r *Report) flagRows() [][2]string {
 	c := r.Config
-	return [][2]string{
-		{"-sidecar", c.Sidecar},
-		{"-keys", fmt.Sprint(c.Keys)},
-		{"-over", fmt.Sprint(c.Over)},
-		{"-concurrency", fmt.Sprint(c.Concurrency)},
-		{"-conns", fmt.Sprint(c.Conns)},
-		{"-proxies", c.Proxies},
-		{"-warmup", c.Warmup.String()},
-		{"-duration", c.Duration.String()},
-		{"-rounds", fmt.Sprint(c.Rounds)},
-		{"-max-requests", fmt.Sprint(c.MaxRequests)},
-		{"-seed", fmt.Sprint(c.Seed)},
-		{"-out", c.Out},
-		{"-strict", fmt.Sprint(c.Strict)},
+	rows := [][2]string{{"-sidecar", c.Sidecar}, {"-keys", fmt.Sprint(c.Keys)}, {"-over", fmt.Sprint(c.Over)}}
+	if !c.grpc() {
+		rows = append(rows, [2]string{"-proxies", c.Proxies})
 	}
+	rows = append(rows, c.Loop.Flags(c.grpc())...)
+	return append(rows, [][2]string{{"-seed", fmt.Sprint(c.Seed)}, {"-out", c.Out}, {"-strict", fmt.Sprint(c.Strict)}}...)
 }
 
 // WriteText prints the report's tables.
@@ -237,7 +134,7 @@ func (r *Report) WriteText(w io.Writer) {
 			runinfo.Latency(p.P50), runinfo.Latency(p.P90), runinfo.Latency(p.P99), runinfo.Latency(p.P999), runinfo.Latency(p.Max), p.Errors, pct(p.Denied, p.Requests), pct(p.Rejected, p.Requests),
 			fmtCPU(p.TargetCPU), fmtCPU(p.GenCPU), fmtLoad(p.OtherLoad))
 	}
-	for _, s := range []Summary{r.Sidecar, r.Noop} {
+	for _, s := range []closedloop.Summary{r.Sidecar, r.Noop} {
 		fmt.Fprintf(tw, "median\t%s\t%d\t%.0f\t%s\t\t%s\t\t\t%d\t%.1f%%\t%.2f%%\t%s\t%s\t\t\n", s.Target, s.Requests, s.RPS,
 			runinfo.Latency(s.P50), runinfo.Latency(s.P99), s.Errors, pct(s.Denied, s.Requests), pct(s.Rejected, s.Requests), fmtCPU(s.TargetCPU), fmtCPU(s.GenCPU))
 	}
@@ -259,7 +156,7 @@ func (r *Report) WriteText(w io.Writer) {
 			continue
 		}
 		fmt.Fprintf(w, "\n%s with the check against %s alone (medians over rounds):\n", p.Name, p.Name)
-		for _, s := range []Summary{p.A, p.B} {
+		for _, s := range []closedloop.Summary{p.Target, p.Baseline} {
 			fmt.Fprintf(w, "  %-14s %8.0f req/s  p50 %s  p99 %s  errors %d  429 %.1f%%  proxy CPU/req %s\n", s.Target, s.RPS,
 				runinfo.Latency(s.P50), runinfo.Latency(s.P99), s.Errors, pct(s.Denied, s.Requests), fmtCPU(s.TargetCPU))
 		}
@@ -280,7 +177,7 @@ func (r *Report) writeProxies(b *strings.Builder) {
 			fmt.Fprintf(b, "| %s | not measured: %s | | | | | | | |\n", p.Name, p.Skipped)
 			continue
 		}
-		for _, s := range []Summary{p.A, p.B} {
+		for _, s := range []closedloop.Summary{p.Target, p.Baseline} {
 			fmt.Fprintf(b, "| %s | %s | %d | %.0f | %s | %s | %d | %.1f%% | %s |\n", p.Name, s.Target, s.Requests, s.RPS,
 				runinfo.Latency(s.P50), runinfo.Latency(s.P99), s.Errors, pct(s.Denied, s.Requests), fmtCPU(s.TargetCPU))
 		}
@@ -315,7 +212,7 @@ func (r *Report) Markdown() string {
 
 	b.WriteString("## Result (medians over rounds)\n\n")
 	b.WriteString("| target | requests | req/s | p50 | p99 | errors | 429 | rejected credentials | CPU per check | generator CPU per check |\n|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|\n")
-	for _, s := range []Summary{r.Sidecar, r.Noop} {
+	for _, s := range []closedloop.Summary{r.Sidecar, r.Noop} {
 		fmt.Fprintf(&b, "| %s | %d | %.0f | %s | %s | %d | %.1f%% | %.2f%% | %s | %s |\n", s.Target, s.Requests, s.RPS, runinfo.Latency(s.P50), runinfo.Latency(s.P99),
 			s.Errors, pct(s.Denied, s.Requests), pct(s.Rejected, s.Requests), fmtCPU(s.TargetCPU), fmtCPU(s.GenCPU))
 	}
@@ -354,7 +251,10 @@ func (r *Report) Markdown() string {
 	b.WriteString("\nMeasured requests by class, and the sidecar's 429s:\n\n| request | route | first bucket | share | 429 on the sidecar |\n|---|---|---|--:|--:|\n")
 	for c := range numClasses {
 		cl := classes[c]
-		cc := r.Sidecar.ByClass[c]
+		var cc closedloop.ClassCount
+		if int(c) < len(r.Sidecar.ByClass) {
+			cc = r.Sidecar.ByClass[c]
+		}
 		route, bucket := cl.Pattern, cl.Bucket
 		if route == "" {
 			route, bucket = "(not limited)", "—"
@@ -415,7 +315,7 @@ func (r *Report) Markdown() string {
 
 - Both targets are separate processes on loopback, started by the load test: `+"`bin/sidecar`"+` with a throwaway
   PostgreSQL (seeded with COPY), TOKEN_VERIFY_KEYS, TRUSTED_PROXIES=%s and LOG_LEVEL=warn; and
-  `+"`bin/bench noop-authz`"+`, a gRPC server with the sidecar's server options whose Check returns OK.
+  `+"`bin/bench noop`"+`, a gRPC server with the sidecar's server options whose Check returns OK.
 - Requests are built and marshaled before measuring, as Envoy sends them (source = the load balancer,
   client in x-forwarded-for, lower-case headers with the credential, x-request-id, user-agent,
   content-type), and sent as they are, so the generator does the same work for both targets.

@@ -5,11 +5,12 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"path/filepath"
 	"time"
 
+	"github.com/converger/edge/bench/closedloop"
 	"github.com/converger/edge/bench/procs"
 	"github.com/converger/edge/bench/promscrape"
+	"github.com/converger/edge/bench/rawcheck"
 	"github.com/converger/edge/bench/runinfo"
 	"github.com/converger/edge/core/migrations"
 	"github.com/converger/edge/shared/debpkg"
@@ -73,60 +74,72 @@ func Run(ctx context.Context, cfg Config, stdout, stderr io.Writer) (rep *Report
 
 	// The two targets, each a separate process. The forward-auth checks come from the
 	// load generator, a proxy on loopback, which the sidecar must trust.
-	http := cfg.Interface == "http"
-	trusted, noopCommand := TrustedProxies, "noop-authz"
-	if http {
+	trusted, noopCommand := TrustedProxies, "noop"
+	if !cfg.grpc() {
 		trusted, noopCommand = TrustedProxies+",127.0.0.1", "noop-forward-auth"
 	}
-	sc, scAddr, scHTTP, err := startSidecar(ctx, sidecarBin, pg.URL(), pop.TokenVerifyKey, trusted, stderr)
+	sc, scAddr, scHTTP, err := procs.StartSidecar(ctx, sidecarBin, []string{
+		"DATABASE_URL=" + pg.URL(), "TOKEN_VERIFY_KEYS=" + pop.TokenVerifyKey, "TRUSTED_PROXIES=" + trusted,
+		"LOG_LEVEL=warn", "LOG_FORMAT=text",
+	}, stderr)
 	if err != nil {
 		return nil, err
 	}
 	defer sc.Stop()
-	noop, noopAddr, err := startNoop(ctx, noopCommand, stderr)
+	noop, noopAddr, err := procs.StartNoop(ctx, noopCommand, stderr)
 	if err != nil {
 		return nil, err
 	}
 	defer noop.Stop()
-	if http {
+	if !cfg.grpc() {
 		scAddr = scHTTP
 	}
-	sidecar := &target{name: "sidecar", addr: scAddr, proc: sc, deniedKeys: make([]bool, len(pop.Keys))}
-	noopT := &target{name: "no-op", addr: noopAddr, proc: noop, deniedKeys: make([]bool, len(pop.Keys))}
-	var checks [][]byte
-	if http {
-		if checks, err = forwardAuthRequests(mix); err != nil {
+	// How the targets are called: with the mix's CheckRequests over gRPC, or with the
+	// forward-auth checks a proxy sends for them over HTTP; built once for both.
+	var dial func(addr string) (closedloop.Caller, error)
+	if cfg.grpc() {
+		reqs := closedloop.NewGRPCRequests(rawcheck.Method, mix.Len(), mix.Bytes, func() closedloop.Reply { return new(rawcheck.Reply) })
+		dial = func(addr string) (closedloop.Caller, error) {
+			return closedloop.DialGRPC(ctx, addr, cfg.Conns, cfg.Concurrency, reqs)
+		}
+	} else {
+		checks, err := forwardAuthRequests(mix)
+		if err != nil {
 			return nil, err
 		}
-	}
-	for _, t := range []*target{sidecar, noopT} {
-		defer t.close()
-		if http {
-			t.client = newHTTPCaller(t.addr, cfg.Concurrency, checks)
-			continue
+		dial = func(addr string) (closedloop.Caller, error) {
+			return closedloop.NewHTTPCaller(addr, cfg.Concurrency, checks), nil
 		}
-		c, err := dialGRPC(ctx, t.addr, cfg.Conns, cfg.Concurrency, mix)
+	}
+	var targets []*closedloop.Target
+	for _, t := range []struct {
+		name, addr string
+		proc       closedloop.Process
+	}{{"sidecar", scAddr, sc}, {"no-op", noopAddr, noop}} {
+		c, err := dial(t.addr)
 		if err != nil {
 			return nil, fmt.Errorf("%s: %w", t.name, err)
 		}
-		t.client = c
+		target := closedloop.NewTarget(t.name, t.addr, t.proc, c, len(pop.Keys))
+		defer target.Close()
+		targets = append(targets, target)
 	}
+	sidecar, noopT := targets[0], targets[1]
 	logf("sidecar %s (%s) and no-op server %s ready; %d rounds of %v warm-up + %v measured per target",
 		scAddr, sidecarBin, noopAddr, cfg.Rounds, cfg.Warmup, cfg.Duration)
 
-	r := newRunner(mix, cfg.Concurrency, cfg.MaxRequests)
-	var warmupErrs int
-	if rep.Phases, warmupErrs, err = rounds(ctx, cfg, r, sidecar, noopT, logf); err != nil {
+	r := closedloop.NewRunner(workload{mix}, cfg.Concurrency, cfg.MaxRequests)
+	rounds := closedloop.Rounds{Rounds: cfg.Rounds, Warmup: cfg.Warmup, Duration: cfg.Duration, Prologue: mix.Prologue, Logf: logf}
+	if rep.Phases, rep.WarmupErrors, err = r.RunRounds(ctx, targets, rounds); err != nil {
 		return nil, err
 	}
-	rep.WarmupErrors += warmupErrs
-	if http && len(cfg.ProxyList()) > 0 {
+	if !cfg.grpc() && len(cfg.ProxyList()) > 0 {
 		reqs, err := clientRequests(mix)
 		if err != nil {
 			return nil, err
 		}
 		for _, name := range cfg.ProxyList() {
-			pr, err := measureProxy(ctx, cfg, root, name, scHTTP, noopAddr, r, reqs, len(pop.Keys), logf)
+			pr, err := measureProxy(ctx, cfg, root, name, scHTTP, noopAddr, r, rounds, reqs, len(pop.Keys), logf)
 			if err != nil {
 				return nil, err
 			}
@@ -134,7 +147,7 @@ func Run(ctx context.Context, cfg Config, stdout, stderr io.Writer) (rep *Report
 		}
 	}
 	rep.LoadEnd = runinfo.LoadAvg()
-	for k, d := range sidecar.deniedKeys {
+	for k, d := range sidecar.DeniedKeys {
 		if !d {
 			continue
 		}
@@ -146,80 +159,39 @@ func Run(ctx context.Context, cfg Config, stdout, stderr io.Writer) (rep *Report
 			rep.DeniedByKind[pop.Keys[k].Kind][0]++
 		}
 	}
-	rep.SentSidecar, rep.SentNoop = sidecar.sent.Load(), noopT.sent.Load()
+	rep.SentSidecar, rep.SentNoop = sidecar.Sent.Load(), noopT.Sent.Load()
 	rep.Counters, _ = promscrape.Scrape(ctx, "http://"+scHTTP+"/metrics", counterPrefixes) // none when it cannot
 	rep.summarize()
 
 	rep.WriteText(stdout)
-	if cfg.Out != "" {
-		out := procs.OutPath(root, cfg.Out)
-		if err := os.MkdirAll(filepath.Dir(out), 0o755); err != nil {
-			return rep, err
-		}
-		if err := os.WriteFile(out, []byte(rep.Markdown()), 0o644); err != nil {
-			return rep, err
-		}
+	if out, err := procs.WriteReport(root, cfg.Out, rep.Markdown()); err != nil {
+		return rep, err
+	} else if out != "" {
 		logf("report written to %s", out)
 	}
 	return rep, nil
 }
 
-// rounds runs cfg.Rounds rounds of a target and its baseline, in alternating order,
-// and returns their measured phases and the errors of the warm-ups.
-func rounds(ctx context.Context, cfg Config, r *runner, t, base *target, logf func(string, ...any)) (phases []PhaseResult, warmupErrors int, err error) {
-	for round := 1; round <= cfg.Rounds; round++ {
-		order := []*target{t, base}
-		if round%2 == 0 {
-			order[0], order[1] = order[1], order[0]
-		}
-		for _, t := range order {
-			if cfg.Warmup > 0 {
-				w := r.phase(ctx, t, cfg.Warmup, false)
-				// The first warm-up goes on until the prologue, every key once, has been
-				// sent, so that the sidecar's caches hold every key before measuring.
-				for limit := time.Now().Add(time.Minute); t.sent.Load() < uint64(r.mix.Prologue) && time.Now().Before(limit) && ctx.Err() == nil; {
-					more := r.phase(ctx, t, cfg.Warmup/4+10*time.Millisecond, false)
-					w.Errors += more.Errors
-					if w.FirstErr == "" {
-						w.FirstErr = more.FirstErr
-					}
-				}
-				warmupErrors += w.Errors
-				if w.Errors > 0 {
-					logf("round %d %s warm-up: %d errors, first: %s", round, t.name, w.Errors, w.FirstErr)
-				}
-			}
-			if err := phaseErr(ctx, t); err != nil {
-				return nil, 0, err
-			}
-			res := r.phase(ctx, t, cfg.Duration, true)
-			if err := phaseErr(ctx, t); err != nil {
-				return nil, 0, err
-			}
-			res.Round = round
-			phases = append(phases, res)
-			logf("round %d %-7s %8.0f req/s  p50 %v  p99 %v  errors %d  429 %.1f%%  CPU/req %s (generator %s)",
-				round, t.name, res.RPS, runinfo.Latency(res.P50), runinfo.Latency(res.P99), res.Errors, pct(res.Denied, res.Requests), fmtCPU(res.TargetCPU), fmtCPU(res.GenCPU))
-			if res.Errors > 0 {
-				logf("round %d %s: first error: %s", round, t.name, res.FirstErr)
-			}
-		}
-	}
-	return phases, warmupErrors, nil
-}
+// workload is the mix as the runner sends it.
+type workload struct{ *Mix }
+
+func (w workload) Class(pos int) int { return int(w.Mix.Class(pos)) }
+func (workload) Classes() int        { return int(numClasses) }
+func (w workload) Keys() int         { return len(w.Pop.Keys) }
 
 // measureProxy runs the proxy with its shipped configuration (the check on every request)
 // and alone (a plain reverse proxy), both in front of the no-op HTTP server, and drives
 // both with the clients' requests of the mix in alternating rounds.
-func measureProxy(ctx context.Context, cfg Config, root, name, sidecarHTTP, upstream string, r *runner, reqs [][]byte, keys int, logf func(string, ...any)) (ProxyResult, error) {
+func measureProxy(ctx context.Context, cfg Config, root, name, sidecarHTTP, upstream string, r *closedloop.Runner, rounds closedloop.Rounds,
+	reqs [][]byte, keys int, logf func(string, ...any)) (ProxyResult, error) {
 	res := ProxyResult{Name: name}
 	if !debpkg.IsExecutable(proxyserver.Binaries[name]) {
 		res.Skipped = fmt.Sprintf("%s is not installed (%s; Debian's %s package)", name, proxyserver.Binaries[name], name)
 		logf("skipping %s: %s", name, res.Skipped)
 		return res, nil
 	}
-	var targets [2]*target
-	for i, sidecar := range []string{sidecarHTTP, ""} {
+	var targets []*closedloop.Target
+	for _, sidecar := range []string{sidecarHTTP, ""} {
 		dir, err := os.MkdirTemp("", "bench-"+name+"-")
 		if err != nil {
 			return res, err
@@ -230,30 +202,22 @@ func measureProxy(ctx context.Context, cfg Config, root, name, sidecarHTTP, upst
 			return res, err
 		}
 		defer p.Stop()
-		t := &target{name: name + " + check", addr: p.Addr, proc: p, deniedKeys: make([]bool, keys)}
+		tname := name + " + check"
 		if sidecar == "" {
-			t.name = name + " alone"
+			tname = name + " alone"
 		}
-		t.client = newHTTPCaller(p.Addr, cfg.Concurrency, reqs)
-		defer t.close()
-		targets[i] = t
+		t := closedloop.NewTarget(tname, p.Addr, p, closedloop.NewHTTPCaller(p.Addr, cfg.Concurrency, reqs), keys)
+		defer t.Close()
+		targets = append(targets, t)
 	}
-	logf("%s with the check %s and alone %s ready, in front of the no-op server", name, targets[0].addr, targets[1].addr)
+	logf("%s with the check %s and alone %s ready, in front of the no-op server", name, targets[0].Addr, targets[1].Addr)
 	var err error
-	res.Phases, res.WarmupErrors, err = rounds(ctx, cfg, r, targets[0], targets[1], logf)
+	res.Phases, res.WarmupErrors, err = r.RunRounds(ctx, targets, rounds)
 	if err != nil {
 		return res, err
 	}
-	res.pair = summarizePair(res.Phases, cfg.Rounds, targets[0].name, targets[1].name)
+	res.Comparison = closedloop.Compare(res.Phases, targets[0].Name, targets[1].Name)
 	return res, nil
-}
-
-// phaseErr reports an interruption or a target that died.
-func phaseErr(ctx context.Context, t *target) error {
-	if err := ctx.Err(); err != nil {
-		return fmt.Errorf("interrupted: %w", err)
-	}
-	return t.proc.Exited()
 }
 
 // counterPrefixes are the sidecar metrics the report shows.

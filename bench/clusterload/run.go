@@ -159,14 +159,9 @@ func Run(ctx context.Context, cfg Config, stdout, stderr io.Writer) (*Report, er
 		}
 		logf("plot written to %s", out)
 	}
-	if cfg.Out != "" {
-		out := procs.OutPath(root, cfg.Out)
-		if err := os.MkdirAll(filepath.Dir(out), 0o755); err != nil {
-			return rep, err
-		}
-		if err := os.WriteFile(out, []byte(rep.Markdown()), 0o644); err != nil {
-			return rep, err
-		}
+	if out, err := procs.WriteReport(root, cfg.Out, rep.Markdown()); err != nil {
+		return rep, err
+	} else if out != "" {
 		logf("report written to %s", out)
 	}
 	return rep, nil

@@ -14,7 +14,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/converger/edge/bench/authzload"
+	"github.com/converger/edge/bench/closedloop"
 	"github.com/converger/edge/bench/cputime"
 )
 
@@ -192,7 +192,7 @@ func runPhase(ctx context.Context, t target, p *picker, concurrency int, d time.
 	slices.Sort(all)
 	res.Requests = len(all)
 	res.RPS = float64(len(all)) / elapsed.Seconds()
-	res.P50, res.P90, res.P99 = authzload.Percentile(all, 0.50), authzload.Percentile(all, 0.90), authzload.Percentile(all, 0.99)
+	res.P50, res.P90, res.P99 = closedloop.Percentile(all, 0.50), closedloop.Percentile(all, 0.90), closedloop.Percentile(all, 0.99)
 	if len(all) > 0 {
 		res.Max = all[len(all)-1]
 	}

@@ -7,7 +7,7 @@ import (
 	"text/tabwriter"
 	"time"
 
-	"github.com/converger/edge/bench/authzload"
+	"github.com/converger/edge/bench/closedloop"
 	"github.com/converger/edge/bench/runinfo"
 )
 
@@ -89,8 +89,8 @@ func (r *Report) summarize() {
 				s.Requests += p.Requests
 				s.Errors += p.Errors
 			}
-			s.RPS, s.P50, s.P99 = authzload.Median(rps), time.Duration(authzload.Median(p50)), time.Duration(authzload.Median(p99))
-			s.CoreCPU, s.GenCPU, s.RestCPU = time.Duration(authzload.Median(ccpu)), time.Duration(authzload.Median(gcpu)), time.Duration(authzload.Median(rcpu))
+			s.RPS, s.P50, s.P99 = closedloop.Median(rps), time.Duration(closedloop.Median(p50)), time.Duration(closedloop.Median(p99))
+			s.CoreCPU, s.GenCPU, s.RestCPU = time.Duration(closedloop.Median(ccpu)), time.Duration(closedloop.Median(gcpu)), time.Duration(closedloop.Median(rcpu))
 			r.Summaries = append(r.Summaries, s)
 		}
 		c, b := r.summary(sc, TargetCore), r.summary(sc, TargetBaseline)
@@ -113,7 +113,7 @@ func (r *Report) summarize() {
 				paired = append(paired, ratio(cr.RPS, br.RPS))
 			}
 		}
-		x.PairedThr = authzload.Median(paired)
+		x.PairedThr = closedloop.Median(paired)
 		r.Ratios = append(r.Ratios, x)
 	}
 	r.Pass = r.ratio(ScenarioMany).Throughput >= MinThroughputRatio && r.Errors() == 0

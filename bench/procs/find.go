@@ -46,3 +46,16 @@ func OutPath(root, out string) string {
 	}
 	return filepath.Join(root, out)
 }
+
+// WriteReport writes a report to out (relative to root, see OutPath), creating its
+// directory, and returns the path written; "" writes nothing.
+func WriteReport(root, out, content string) (string, error) {
+	if out == "" {
+		return "", nil
+	}
+	path := OutPath(root, out)
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		return "", err
+	}
+	return path, os.WriteFile(path, []byte(content), 0o644)
+}

@@ -1,5 +1,6 @@
-// Package rawcheck sends pre-marshaled Envoy ext_authz Check requests over gRPC and reads
-// only the status codes of the answers, so that a load generator costs little per check.
+// Package rawcheck sends pre-marshaled requests over gRPC and reads only what a load
+// generator needs of the answers (for Envoy's ext_authz Check, the status codes), so that it
+// costs little per call. Any reply type with a Parse method can be read.
 package rawcheck
 
 import (
@@ -33,9 +34,13 @@ func (r Reply) Allowed() bool { return r.Code == 0 }
 // RateLimited reports a denial with status 429.
 func (r Reply) RateLimited() bool { return r.Code != 0 && r.HTTP == 429 }
 
-// Codec sends Requests as they are and decodes only the two status codes of the Reply.
-// Its name is "proto": on the wire nothing distinguishes it from the proto codec.
+// Codec sends Requests as they are and hands the answer's bytes to the reply's Parse (for
+// a Reply, the two status codes). Its name is "proto": on the wire nothing distinguishes it
+// from the proto codec.
 type Codec struct{}
+
+// Parser reads an answer.
+type Parser interface{ Parse(b []byte) error }
 
 func (Codec) Name() string { return "proto" }
 
@@ -48,7 +53,7 @@ func (Codec) Marshal(v any) (mem.BufferSlice, error) {
 }
 
 func (Codec) Unmarshal(data mem.BufferSlice, v any) error {
-	r, ok := v.(*Reply)
+	r, ok := v.(Parser)
 	if !ok {
 		return fmt.Errorf("rawcheck: cannot unmarshal into %T", v)
 	}
@@ -93,6 +98,13 @@ func (r *Reply) Parse(b []byte) error {
 	}
 	return nil
 }
+
+// Field returns the last occurrence of the length-delimited field num of message b (nil
+// when absent); ok is false when b is malformed.
+func Field(b []byte, num protowire.Number) (v []byte, ok bool) { return field(b, num) }
+
+// VarintField returns the varint field num of message b, 0 when absent.
+func VarintField(b []byte, num protowire.Number) (v uint64, ok bool) { return varintField(b, num) }
 
 // field returns the last occurrence of the length-delimited field num of message b (nil
 // when absent); ok is false when b is malformed.

@@ -11,7 +11,7 @@ import (
 	rpcstatus "google.golang.org/genproto/googleapis/rpc/status"
 	"google.golang.org/protobuf/proto"
 
-	"github.com/converger/edge/bench/noopauthz"
+	"github.com/converger/edge/bench/noop"
 )
 
 func TestCheckReplyParse(t *testing.T) {
@@ -60,7 +60,7 @@ func TestRawCodec(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	s := noopauthz.NewGRPCServer()
+	s := noop.NewGRPCServer()
 	go func() { _ = s.Serve(l) }()
 	defer s.Stop()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)

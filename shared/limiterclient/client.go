@@ -50,6 +50,10 @@ func New(addr string, opts ...grpc.DialOption) (*Client, error) {
 // Close closes the connection.
 func (c *Client) Close() error { return c.conn.Close() }
 
+// State is the connection's state as gRPC names it (IDLE, CONNECTING, READY,
+// TRANSIENT_FAILURE, SHUTDOWN), for readiness reports.
+func (c *Client) State() string { return c.conn.GetState().String() }
+
 // Check counts hits on bucket/key and decides.
 func (c *Client) Check(ctx context.Context, bucket, key string, hits uint32) (Result, error) {
 	return result(c.api.Check(ctx, &limiterpb.LimitRequest{Bucket: bucket, Key: key, Hits: hits}))

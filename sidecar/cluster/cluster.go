@@ -454,7 +454,7 @@ type DebugCounter struct {
 	Own         uint32     `json:"own"`
 	Remote      uint32     `json:"remote"`
 	Limit       uint32     `json:"limit"`
-	WindowMS    uint32     `json:"window_ms"`
+	WindowMS    int64      `json:"window_ms"`
 	WindowEndMS int64      `json:"window_end_ms"`
 	Slots       []SlotView `json:"slots"`
 	Members     []string   `json:"members"`

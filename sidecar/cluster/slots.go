@@ -40,7 +40,7 @@ type keyState struct {
 
 type slot struct {
 	origin uint32
-	sizeMS uint32
+	sizeMS int64
 	endMS  int64
 	count  uint32
 }
@@ -132,8 +132,8 @@ func (s *slots) intern(origin string) uint32 {
 
 // publishLocked hands the sum of k's slots for one window to the limiter if that window
 // is the current one here, or remembers k until it is.
-func (s *slots) publishLocked(k limiter.Key, ks *keyState, sizeMS uint32, endMS, now int64) {
-	if endMS-int64(sizeMS) > now {
+func (s *slots) publishLocked(k limiter.Key, ks *keyState, sizeMS, endMS, now int64) {
+	if endMS-sizeMS > now {
 		s.pending[k] = struct{}{}
 		return
 	}
@@ -155,7 +155,7 @@ func (s *slots) tick(now int64) map[limiter.Key]struct{} {
 		ks := s.keys[k]
 		future := false
 		for _, sl := range ks.slots {
-			if sl.endMS-int64(sl.sizeMS) > now {
+			if sl.endMS-sl.sizeMS > now {
 				future = true
 			} else if sl.endMS > now {
 				s.publishLocked(k, ks, sl.sizeMS, sl.endMS, now)
@@ -270,7 +270,7 @@ func (s *slots) view(k limiter.Key) []SlotView {
 // SlotView is one remote origin's slot of a counter.
 type SlotView struct {
 	Origin      string `json:"origin"`
-	WindowMS    uint32 `json:"window_ms"`
+	WindowMS    int64  `json:"window_ms"`
 	WindowEndMS int64  `json:"window_end_ms"`
 	Count       uint32 `json:"count"`
 }

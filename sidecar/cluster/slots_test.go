@@ -38,7 +38,7 @@ func newTestSlots(t *testing.T) (*slots, *limiter.Limiter, *testClock) {
 
 // val is one origin's value of login_ip/ip in the window ending at end.
 func val(id string, end int64, count uint32) value {
-	return value{bucket: "login_ip", id: id, sizeMS: uint32(minute), endMS: end, count: count}
+	return value{bucket: "login_ip", id: id, sizeMS: minute, endMS: end, count: count}
 }
 
 // total is the count the limiter decides with: this node's own plus the other origins'.
@@ -208,11 +208,11 @@ func TestMergeIgnoresOwnOriginAndInvalidValues(t *testing.T) {
 	before := lim.Buckets()
 	mustMerge(t, s, self, val("ip", t0+minute, 5), now, ignored)
 	for _, v := range []value{
-		{bucket: "Login-IP", id: "ip", sizeMS: uint32(minute), endMS: t0 + minute, count: 1},
-		{bucket: "", id: "ip", sizeMS: uint32(minute), endMS: t0 + minute, count: 1},
-		{bucket: strings.Repeat("a", 65), id: "ip", sizeMS: uint32(minute), endMS: t0 + minute, count: 1},
-		{bucket: "login_ip", id: "", sizeMS: uint32(minute), endMS: t0 + minute, count: 1},
-		{bucket: "login_ip", id: strings.Repeat("x", maxString+1), sizeMS: uint32(minute), endMS: t0 + minute, count: 1},
+		{bucket: "Login-IP", id: "ip", sizeMS: minute, endMS: t0 + minute, count: 1},
+		{bucket: "", id: "ip", sizeMS: minute, endMS: t0 + minute, count: 1},
+		{bucket: strings.Repeat("a", 65), id: "ip", sizeMS: minute, endMS: t0 + minute, count: 1},
+		{bucket: "login_ip", id: "", sizeMS: minute, endMS: t0 + minute, count: 1},
+		{bucket: "login_ip", id: strings.Repeat("x", maxString+1), sizeMS: minute, endMS: t0 + minute, count: 1},
 	} {
 		mustMerge(t, s, originA, v, now, ignored)
 	}
@@ -233,7 +233,7 @@ func TestMergeBoundsBucketRegistration(t *testing.T) {
 	lim.Bucket("login_ip")
 	registered := 0
 	for i := range maxBuckets + 100 {
-		v := value{bucket: fmt.Sprintf("b%04d", i), id: "x", sizeMS: uint32(minute), endMS: t0 + minute, count: 1}
+		v := value{bucket: fmt.Sprintf("b%04d", i), id: "x", sizeMS: minute, endMS: t0 + minute, count: 1}
 		if s.merge(originA, v, now) == merged {
 			registered++
 		}

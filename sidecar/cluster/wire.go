@@ -3,6 +3,9 @@ package cluster
 import (
 	"encoding/binary"
 	"errors"
+	"time"
+
+	"github.com/converger/edge/sidecar/limiter"
 )
 
 // The wire format of cluster messages. Every value is a counter slot: one origin's own
@@ -21,14 +24,15 @@ const version byte = 1
 
 // Bounds of what a message may hold: a malformed or hostile message is rejected whole.
 const (
-	maxString = 512
-	maxValues = 1 << 22
+	maxString   = 512
+	maxValues   = 1 << 22
+	maxWindowMS = uint64(limiter.MaxWindow / time.Millisecond)
 )
 
 // value is one slot as it travels.
 type value struct {
 	bucket, id string
-	sizeMS     uint32
+	sizeMS     int64
 	endMS      int64
 	count      uint32
 }
@@ -142,10 +146,10 @@ func decode(b []byte) (message, error) {
 		size := r.uvarint()
 		v.endMS = m.sentAt + r.varint()
 		count := r.uvarint()
-		if r.err != nil || size == 0 || size > 1<<32-1 || count > 1<<32-1 {
+		if r.err != nil || size == 0 || size > maxWindowMS || count > 1<<32-1 {
 			return m, errMalformed
 		}
-		v.sizeMS, v.count = uint32(size), uint32(count)
+		v.sizeMS, v.count = int64(size), uint32(count)
 		m.values = append(m.values, v)
 	}
 	if r.err != nil || len(r.b) != 0 {

@@ -75,7 +75,7 @@ func TestPackerRespectsTheSizeLimit(t *testing.T) {
 		values = append(values, value{
 			bucket: fmt.Sprintf("bucket_%d", i%7),
 			id:     fmt.Sprintf("%d-%s", i, strings.Repeat("k", rng.IntN(maxString-10))),
-			sizeMS: uint32(1 + rng.IntN(86_400_000)),
+			sizeMS: int64(1 + rng.IntN(86_400_000)),
 			endMS:  sentAt + rng.Int64N(86_400_000),
 			count:  rng.Uint32(),
 		})
@@ -157,20 +157,20 @@ func malformed() map[string][]byte {
 	}
 	hugeString := binary.AppendUvarint(hdr(1), 1<<40)
 	out := map[string][]byte{
-		"empty":                  {},
-		"version 0":              append([]byte{0}, valid[1:]...),
-		"version 2":              append([]byte{2}, valid[1:]...),
-		"trailing byte":          append(bytes.Clone(valid), 0),
-		"trailing value":         val(hdr(0), "b", "x", 1, 1),
-		"no origin":              binary.AppendUvarint(binary.AppendUvarint(binary.AppendVarint([]byte{version}, 1), 0), 0),
-		"huge count of values":   hdr(1 << 60),
-		"more values than bytes": append(hdr(100), make([]byte, 99)...),
-		"huge string length":     append(hugeString, make([]byte, 64)...),
-		"string over the bound":  val(hdr(1), "b", strings.Repeat("x", maxString+1), 1, 1),
-		"window of 0 ms":         val(hdr(1), "b", "x", 0, 1),
-		"window over 32 bits":    val(hdr(1), "b", "x", 1<<32, 1),
-		"count over 32 bits":     val(hdr(1), "b", "x", 1, 1<<32),
-		"overlong varint":        append([]byte{version}, bytes.Repeat([]byte{0xff}, 11)...),
+		"empty":                   {},
+		"version 0":               append([]byte{0}, valid[1:]...),
+		"version 2":               append([]byte{2}, valid[1:]...),
+		"trailing byte":           append(bytes.Clone(valid), 0),
+		"trailing value":          val(hdr(0), "b", "x", 1, 1),
+		"no origin":               binary.AppendUvarint(binary.AppendUvarint(binary.AppendVarint([]byte{version}, 1), 0), 0),
+		"huge count of values":    hdr(1 << 60),
+		"more values than bytes":  append(hdr(100), make([]byte, 99)...),
+		"huge string length":      append(hugeString, make([]byte, 64)...),
+		"string over the bound":   val(hdr(1), "b", strings.Repeat("x", maxString+1), 1, 1),
+		"window of 0 ms":          val(hdr(1), "b", "x", 0, 1),
+		"window over the longest": val(hdr(1), "b", "x", maxWindowMS+1, 1),
+		"count over 32 bits":      val(hdr(1), "b", "x", 1, 1<<32),
+		"overlong varint":         append([]byte{version}, bytes.Repeat([]byte{0xff}, 11)...),
 	}
 	for i := 1; i < len(valid); i++ {
 		out[fmt.Sprintf("truncated to %d bytes", i)] = valid[:i]

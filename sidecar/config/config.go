@@ -22,6 +22,7 @@ import (
 	"github.com/converger/edge/shared/buckets"
 	"github.com/converger/edge/shared/clientip"
 	"github.com/converger/edge/shared/token"
+	"github.com/converger/edge/sidecar/rls"
 	"github.com/converger/edge/sidecar/routes"
 )
 
@@ -45,6 +46,14 @@ type Config struct {
 	Verifier  *token.Verifier
 	LogLevel  slog.Level
 	LogFormat string // "json" or "text"
+	// MaxChecksInFlight bounds the Checks being decided at once
+	// (SIDECAR_MAX_CHECKS_IN_FLIGHT); beyond it a Check waits for its turn within its
+	// deadline, then gets the fast 503 decision.
+	MaxChecksInFlight int
+	// HTTPMaxConns and HTTPMaxConnsPerIP bound the HTTP port's connections in total
+	// (SIDECAR_HTTP_MAX_CONNS; 0: from the open-files limit) and per client address but
+	// the TRUSTED_PROXIES (SIDECAR_HTTP_MAX_CONNS_PER_IP; 0: none).
+	HTTPMaxConns, HTTPMaxConnsPerIP int
 
 	// From RATE_LIMIT_CONFIG.
 	Limits        map[string]buckets.Limit // installation-wide limits by bucket
@@ -54,6 +63,12 @@ type Config struct {
 	DBWait        time.Duration
 	// Routes are the configured routes followed by the built-in ones.
 	Routes []routes.Route
+
+	// The rate limit service (RLS_*).
+	RLSDir             string     // RLS_CONFIG_DIR; "" serves no rules
+	RLSRules           *rls.Rules // read from RLSDir; nil without it
+	RLSShadowMode      bool       // RLS_SHADOW_MODE
+	RLSResponseHeaders bool       // RLS_RESPONSE_HEADERS
 }
 
 // Cluster is the membership configuration (CLUSTER_*), used by the cluster backend.
@@ -70,6 +85,8 @@ type Cluster struct {
 
 // Defaults.
 const (
+	DefaultMaxChecksInFlight = 256 // as authz.DefaultMaxInFlight
+
 	DefaultGRPCAddr = "127.0.0.1:8081"
 	DefaultHTTPAddr = "127.0.0.1:8082"
 	DefaultBindAddr = "127.0.0.1:7946"
@@ -88,6 +105,9 @@ func Load(getenv func(string) string) (*Config, error) {
 		CredentialTTL: 30 * time.Second,
 		DBWait:        50 * time.Millisecond,
 		LogFormat:     "json",
+
+		MaxChecksInFlight: DefaultMaxChecksInFlight,
+		HTTPMaxConnsPerIP: 512,
 	}
 	for _, v := range []struct{ name, val string }{{"SIDECAR_GRPC_ADDR", c.GRPCAddr}, {"SIDECAR_HTTP_ADDR", c.HTTPAddr}} {
 		if err := checkAddr(v.val); err != nil {
@@ -123,6 +143,23 @@ func Load(getenv func(string) string) (*Config, error) {
 			return nil, fmt.Errorf("TOKEN_VERIFY_KEYS: %w", err)
 		}
 	}
+	for _, n := range []struct {
+		name string
+		dst  *int
+		min  int
+	}{
+		{"SIDECAR_MAX_CHECKS_IN_FLIGHT", &c.MaxChecksInFlight, 1},
+		{"SIDECAR_HTTP_MAX_CONNS", &c.HTTPMaxConns, 1},
+		{"SIDECAR_HTTP_MAX_CONNS_PER_IP", &c.HTTPMaxConnsPerIP, 0},
+	} {
+		if v := strings.TrimSpace(getenv(n.name)); v != "" {
+			i, err := strconv.Atoi(v)
+			if err != nil || i < n.min || i > 1_000_000 {
+				return nil, fmt.Errorf("%s=%q: must be a whole number from %d to 1000000", n.name, v, n.min)
+			}
+			*n.dst = i
+		}
+	}
 	switch v := strings.ToLower(orDefault(getenv("LOG_LEVEL"), "info")); v {
 	case "debug", "info", "warn", "error":
 		_ = c.LogLevel.UnmarshalText([]byte(v))
@@ -136,22 +173,80 @@ func Load(getenv func(string) string) (*Config, error) {
 		return nil, fmt.Errorf("LOG_FORMAT=%q: must be json or text", v)
 	}
 
+	if c.RLSShadowMode, err = boolVar(getenv, "RLS_SHADOW_MODE", false); err != nil {
+		return nil, err
+	}
+	if c.RLSResponseHeaders, err = boolVar(getenv, "RLS_RESPONSE_HEADERS", false); err != nil {
+		return nil, err
+	}
+	if err := c.loadRoutes(getenv("RATE_LIMIT_CONFIG")); err != nil {
+		return nil, err
+	}
+	if err := c.loadRLS(getenv("RLS_CONFIG_DIR")); err != nil {
+		return nil, err
+	}
+	return c, nil
+}
+
+// loadRoutes reads RATE_LIMIT_CONFIG (path, "" for none) and sets the routes.
+func (c *Config) loadRoutes(path string) error {
 	var extra []routes.Route
-	if path := getenv("RATE_LIMIT_CONFIG"); path != "" {
+	if path != "" {
 		f, err := os.Open(path)
 		if err != nil {
-			return nil, fmt.Errorf("RATE_LIMIT_CONFIG: %w", err)
+			return fmt.Errorf("RATE_LIMIT_CONFIG: %w", err)
 		}
 		defer f.Close()
 		if extra, err = c.readFile(f); err != nil {
-			return nil, fmt.Errorf("RATE_LIMIT_CONFIG %s: %w", path, err)
+			return fmt.Errorf("RATE_LIMIT_CONFIG %s: %w", path, err)
 		}
 	}
 	c.Routes = append(extra, routes.BuiltIn()...)
 	if _, err := routes.New(c.Routes); err != nil {
-		return nil, fmt.Errorf("RATE_LIMIT_CONFIG: %w", err)
+		return fmt.Errorf("RATE_LIMIT_CONFIG: %w", err)
 	}
-	return c, nil
+	return nil
+}
+
+// loadRLS reads the rule files of RLS_CONFIG_DIR (dir, "" for none).
+func (c *Config) loadRLS(dir string) error {
+	if c.RLSDir = strings.TrimSpace(dir); c.RLSDir == "" {
+		return nil
+	}
+	var err error
+	if c.RLSRules, err = rls.LoadDir(c.RLSDir); err != nil {
+		// One problem a line, each naming its file, line and key.
+		return fmt.Errorf("RLS_CONFIG_DIR %s:\n  %s", c.RLSDir, strings.ReplaceAll(err.Error(), "\n", "\n  "))
+	}
+	return nil
+}
+
+// CheckFiles validates RATE_LIMIT_CONFIG and RLS_CONFIG_DIR, each on its own, without
+// starting anything: the summary says what they hold, the error is every problem found.
+func CheckFiles(getenv func(string) string) (summary []string, err error) {
+	c := &Config{Limits: map[string]buckets.Limit{}}
+	var errs []error
+	if path := getenv("RATE_LIMIT_CONFIG"); path != "" {
+		if err := c.loadRoutes(path); err != nil {
+			errs = append(errs, err)
+		} else {
+			summary = append(summary, fmt.Sprintf("RATE_LIMIT_CONFIG %s: valid, %d limits and %d routes of its own", path, len(c.Limits), len(c.Routes)-len(routes.BuiltIn())))
+		}
+	} else {
+		summary = append(summary, "RATE_LIMIT_CONFIG: unset (the built-in limits and routes)")
+	}
+	if dir := getenv("RLS_CONFIG_DIR"); strings.TrimSpace(dir) != "" {
+		if err := c.loadRLS(dir); err != nil {
+			errs = append(errs, err)
+		} else {
+			descs, limits := c.RLSRules.Size()
+			summary = append(summary, fmt.Sprintf("RLS_CONFIG_DIR %s: valid, %d files, domains %s, %d descriptors, %d limits",
+				c.RLSDir, len(c.RLSRules.Files()), strings.Join(c.RLSRules.Domains(), ", "), descs, limits))
+		}
+	} else {
+		summary = append(summary, "RLS_CONFIG_DIR: unset (no rate limit service rules: every ShouldRateLimit is OK)")
+	}
+	return summary, errors.Join(errs...)
 }
 
 func (c *Config) loadCluster(getenv func(string) string) error {

@@ -54,6 +54,9 @@ func TestDefaults(t *testing.T) {
 		{"DBWait", c.DBWait, 50 * time.Millisecond},
 		{"len(Limits)", len(c.Limits), 0},
 		{"Verifier is nil", c.Verifier == nil, true},
+		{"MaxChecksInFlight", c.MaxChecksInFlight, 256},
+		{"HTTPMaxConns", c.HTTPMaxConns, 0},
+		{"HTTPMaxConnsPerIP", c.HTTPMaxConnsPerIP, 512},
 	} {
 		if f.got != f.want {
 			t.Errorf("%s = %v, want %v", f.name, f.got, f.want)
@@ -124,6 +127,9 @@ func TestInvalidEnvironment(t *testing.T) {
 		{"SIDECAR_HTTP_ADDR", "8082"},
 		{"SIDECAR_HTTP_ADDR", "127.0.0.1:65536"},
 		{"SIDECAR_HTTP_ADDR", "127.0.0.1:"},
+		{"SIDECAR_MAX_CHECKS_IN_FLIGHT", "0"},
+		{"SIDECAR_HTTP_MAX_CONNS", "lots"},
+		{"SIDECAR_HTTP_MAX_CONNS_PER_IP", "-5"},
 		{"DATABASE_URL", "postgres://sidecar:hunter2@db:notaport/converger"},
 		{"DATABASE_URL", "postgres://db/converger?sslmode=sometimes&password=hunter2"},
 		{"DATABASE_URL", "host=db password=hunter2 nonsense"},
@@ -152,6 +158,10 @@ func TestInvalidEnvironment(t *testing.T) {
 		{"LOG_FORMAT", "xml"},
 		{"RATE_LIMIT_CONFIG", "/nonexistent/limits.yaml"},
 		{"RATE_LIMIT_CONFIG", t.TempDir()}, // a directory
+		{"RLS_SHADOW_MODE", "maybe"},
+		{"RLS_RESPONSE_HEADERS", "2"},
+		{"RLS_CONFIG_DIR", "/nonexistent/rules"},
+		{"RLS_CONFIG_DIR", writeFile(t, "limits: {}\n")}, // a file
 	} {
 		t.Run(tc.name+"="+tc.val, func(t *testing.T) {
 			c, err := load(map[string]string{tc.name: tc.val})
@@ -379,5 +389,35 @@ func TestFileTooLarge(t *testing.T) {
 	}
 	if !strings.Contains(err.Error(), "RATE_LIMIT_CONFIG") {
 		t.Errorf("the error does not name RATE_LIMIT_CONFIG: %v", err)
+	}
+}
+
+// RLS_CONFIG_DIR: the rules are read at load, and the error names every problem.
+func TestRLSConfig(t *testing.T) {
+	dir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, "shop.yaml"), []byte("domain: shop\ndescriptors:\n  - {key: k, rate_limit: {unit: hour}}\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	c, err := load(map[string]string{"RLS_CONFIG_DIR": dir, "RLS_SHADOW_MODE": "true", "RLS_RESPONSE_HEADERS": "yes"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.RLSRules == nil || strings.Join(c.RLSRules.Domains(), ",") != "shop" || !c.RLSShadowMode || !c.RLSResponseHeaders || c.RLSDir != dir {
+		t.Fatalf("%+v", c)
+	}
+	if c, err := load(nil); err != nil || c.RLSRules != nil || c.RLSShadowMode || c.RLSResponseHeaders {
+		t.Fatalf("defaults: %+v %v", c, err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "bad.yml"), []byte("domain: bad\ndescriptors:\n  - {key: k, rate_limit: {unit: hour, requests_per_unit: 1.5}}\n  - {value: v}\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	_, err = load(map[string]string{"RLS_CONFIG_DIR": dir})
+	if err == nil || !strings.Contains(err.Error(), "RLS_CONFIG_DIR "+dir+":\n  bad.yml: line 3: descriptors[0].rate_limit.requests_per_unit: error checking config") ||
+		!strings.Contains(err.Error(), "\n  bad.yml: line 4: descriptors[1]: descriptor has empty key") {
+		t.Fatalf("%v", err)
+	}
+	summary, err := config.CheckFiles(func(k string) string { return map[string]string{"RLS_CONFIG_DIR": dir}[k] })
+	if err == nil || len(summary) != 1 || !strings.Contains(summary[0], "RATE_LIMIT_CONFIG: unset") {
+		t.Fatalf("CheckFiles: %v %v", summary, err)
 	}
 }

@@ -39,6 +39,8 @@ type Result struct {
 	Limit Limit
 	// WindowEndMS is the wall-clock end of the current window in Unix milliseconds.
 	WindowEndMS int64
+	// NowMS is the limiter's clock when it decided, in Unix milliseconds.
+	NowMS int64
 	// RetryAfterMS is the time left in the window when denied, else 0.
 	RetryAfterMS int64
 }
@@ -98,10 +100,11 @@ func (s *shard) insert(k Key, replicated bool) *entry {
 		s.byBucket[k.Bucket] = m
 	}
 	e := new(entry)
+	id := strings.Clone(k.ID)
 	if replicated {
-		e.ext = new(replica)
+		e.ext = &replica{id: id}
 	}
-	m[strings.Clone(k.ID)] = e
+	m[id] = e
 	return e
 }
 
@@ -121,7 +124,7 @@ type entry struct {
 	endMS atomic.Int64
 	// sizeMS is the window length the count was made with: a limit whose window
 	// changes starts a fresh count.
-	sizeMS atomic.Uint32
+	sizeMS atomic.Int64
 	// ext holds the other nodes' part of a replicated counter; nil when local.
 	ext *replica
 }
@@ -194,6 +197,9 @@ func (l *Limiter) NowMS() int64 { return l.now() }
 // Check adds n hits to k and allows them iff the count after adding is within lim.
 // Denied hits are counted too. In a replicated limiter the count is this node's plus
 // what the other nodes reported, and share mode may bound this node's part.
+//
+// No operation keeps a reference to k.ID once it returns (a new counter stores a copy),
+// so the caller may build it in a buffer it reuses.
 func (l *Limiter) Check(k Key, n uint32, lim Limit) Result {
 	now, w, end := l.window(lim)
 	ext, own, ok := l.add(k, n, w, end, windowMS(lim), true)
@@ -207,13 +213,13 @@ func (l *Limiter) Check(k Key, n uint32, lim Limit) Result {
 
 // Record adds n hits to k without deciding: the result is always allowed.
 func (l *Limiter) Record(k Key, n uint32, lim Limit) Result {
-	_, w, end := l.window(lim)
+	now, w, end := l.window(lim)
 	ext, own, _ := l.add(k, n, w, end, windowMS(lim), false)
 	if ext != nil {
 		own = ext.total(own, w)
 		ext.noteLimit(lim.Count)
 	}
-	return Result{Allowed: true, Count: own, Limit: lim, WindowEndMS: end}
+	return Result{Allowed: true, Count: own, Limit: lim, WindowEndMS: end, NowMS: now}
 }
 
 // Peek decides without counting: denied iff the count, less what was refunded
@@ -235,22 +241,26 @@ func (l *Limiter) Peek(k Key, lim Limit) Result {
 }
 
 func decide(allowed bool, count uint32, lim Limit, now, end int64) Result {
-	r := Result{Allowed: allowed, Count: count, Limit: lim, WindowEndMS: end}
+	r := Result{Allowed: allowed, Count: count, Limit: lim, WindowEndMS: end, NowMS: now}
 	if !allowed {
 		r.RetryAfterMS = end - now
 	}
 	return r
 }
 
-// windowMS returns the window length in milliseconds, at least 1.
-func windowMS(lim Limit) uint32 {
-	return uint32(min(max(lim.Window.Milliseconds(), 1), math.MaxUint32))
+// MaxWindow is the longest window a limit may have: the cluster's wire format and the
+// window arithmetic assume no more.
+const MaxWindow = 100 * 365 * 24 * time.Hour
+
+// windowMS returns the window length in milliseconds, from 1 to MaxWindow.
+func windowMS(lim Limit) int64 {
+	return min(max(lim.Window.Milliseconds(), 1), MaxWindow.Milliseconds())
 }
 
 // window returns the time, the current window's index (mod 2^32) and its end.
 func (l *Limiter) window(lim Limit) (now int64, w uint32, end int64) {
 	now = l.now()
-	size := int64(windowMS(lim))
+	size := windowMS(lim)
 	idx := now / size
 	return now, uint32(idx), (idx + 1) * size
 }
@@ -266,7 +276,7 @@ func (l *Limiter) shard(k Key) *shard {
 //
 // The entry's line is contended when many requests share a key: everything the caller
 // needs of it (ext, immutable) is read before the CAS, nothing after.
-func (l *Limiter) add(k Key, n uint32, w uint32, end int64, size uint32, capped bool) (ext *replica, count uint32, ok bool) {
+func (l *Limiter) add(k Key, n uint32, w uint32, end int64, size int64, capped bool) (ext *replica, count uint32, ok bool) {
 	s := l.shard(k)
 	s.mu.RLock()
 	e := s.get(k)
@@ -305,7 +315,7 @@ func maxOwn(ext *replica, w uint32, capped bool) uint32 {
 // current returns the count of window w and the window index it belongs to. A window
 // later than w (seen by a caller that read the clock a moment earlier) counts as current,
 // so a late caller adds to it instead of resetting it.
-func (e *entry) current(w, size uint32) (count, window uint32) {
+func (e *entry) current(w uint32, size int64) (count, window uint32) {
 	v := e.state.Load()
 	sw := uint32(v >> 32)
 	if sw == w || (int32(sw-w) > 0 && e.sizeMS.Load() == size) {
@@ -316,7 +326,7 @@ func (e *entry) current(w, size uint32) (count, window uint32) {
 
 // add adds n to the count of window w unless that would take it over maxOwn, and
 // returns the count and whether it added.
-func (e *entry) add(n, w uint32, end int64, size, maxOwn uint32) (uint32, bool) {
+func (e *entry) add(n, w uint32, end int64, size int64, maxOwn uint32) (uint32, bool) {
 	for {
 		old := e.state.Load()
 		sw := uint32(old >> 32)

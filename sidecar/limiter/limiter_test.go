@@ -345,3 +345,81 @@ func BenchmarkMemoryPerKey(b *testing.B) {
 		runtime.KeepAlive(ids)
 	}
 }
+
+// Windows longer than 2^32 ms (49.7 days), such as the RLS's 365-day year, are aligned
+// to the epoch like every other.
+func TestLongWindows(t *testing.T) {
+	const year = 365 * 24 * time.Hour
+	start := 3*year.Milliseconds() + 5_000 // 5 s into the fourth year since 1970
+	l, c := newTest(t, start)
+	k := Key{l.Bucket("b"), "x"}
+	lim := Limit{Count: 2, Window: year}
+	for i := 1; i <= 2; i++ {
+		if r := l.Check(k, 1, lim); !r.Allowed || r.Count != uint32(i) || r.WindowEndMS != 4*year.Milliseconds() || r.NowMS != start {
+			t.Fatalf("hit %d: %+v", i, r)
+		}
+	}
+	c.add(year - 10*time.Second)
+	if r := l.Check(k, 1, lim); r.Allowed || r.Count != 3 {
+		t.Fatalf("near the end of the year: %+v", r)
+	}
+	c.add(5 * time.Second) // the next year begins
+	if r := l.Check(k, 1, lim); !r.Allowed || r.Count != 1 || r.WindowEndMS != 5*year.Milliseconds() {
+		t.Fatalf("first hit of the next year: %+v", r)
+	}
+	if lim := (Limit{Count: 1, Window: 200 * year}); windowMS(lim) != MaxWindow.Milliseconds() {
+		t.Fatalf("a window beyond MaxWindow is %d ms", windowMS(lim))
+	}
+}
+
+// Take refuses hits that would go over the limit and does not count them.
+func TestTakeCountsOnlyWithinTheLimit(t *testing.T) {
+	l, _ := newTest(t, 0)
+	k := Key{l.Bucket("b"), "x"}
+	lim := Limit{Count: 5, Window: time.Minute}
+	if r := l.Take(k, 3, lim); !r.Allowed || r.Count != 3 {
+		t.Fatalf("3 of 5: %+v", r)
+	}
+	if r := l.Take(k, 3, lim); r.Allowed || r.Count != 3 || r.RetryAfterMS != 60_000 {
+		t.Fatalf("3 more: %+v, want refused at 3", r)
+	}
+	if r := l.Take(k, 2, lim); !r.Allowed || r.Count != 5 {
+		t.Fatalf("2 more: %+v, want allowed at 5", r)
+	}
+	if r := l.Take(k, 1, lim); r.Allowed || r.Count != 5 {
+		t.Fatalf("one over: %+v", r)
+	}
+	// Check still counts denied hits.
+	if r := l.Check(k, 1, lim); r.Allowed || r.Count != 6 {
+		t.Fatalf("check: %+v", r)
+	}
+	// A replicated limiter takes the other nodes' count into account.
+	lr, _ := newReplicated(t, 0)
+	k = Key{lr.Bucket("b"), "x"}
+	lr.SetRemote(k, 60_000, 60_000, 4)
+	if r := lr.Take(k, 2, lim); r.Allowed || r.Count != 4 {
+		t.Fatalf("2 with 4 elsewhere: %+v", r)
+	}
+	if r := lr.Take(k, 1, lim); !r.Allowed || r.Count != 5 {
+		t.Fatalf("1 with 4 elsewhere: %+v", r)
+	}
+}
+
+// The limiter keeps no reference to the id it is called with: a caller may build ids in
+// a buffer it reuses.
+func TestIDsAreCopied(t *testing.T) {
+	l, _ := newReplicated(t, 0)
+	b := l.Bucket("b")
+	buf := []byte("first")
+	id := unsafeString(buf)
+	l.Check(Key{b, id}, 1, perSecond)
+	copy(buf, "other")
+	var drained []string
+	l.DrainChanged(func(k Key, _ Snapshot) { drained = append(drained, k.ID) })
+	if len(drained) != 1 || drained[0] != "first" {
+		t.Fatalf("changed list holds %q, want [first]", drained)
+	}
+	if _, ok := l.Lookup(Key{b, "first"}); !ok {
+		t.Fatal("the counter is not stored under a copy of its id")
+	}
+}

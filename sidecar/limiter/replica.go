@@ -10,6 +10,7 @@ import (
 // the counter on its shard's list for the next sync. Each word packs the window index
 // (mod 2^32) in its high half, so a value for another window reads as absent.
 type replica struct {
+	id      string        // the counter's id, as stored in its shard's map
 	remote  atomic.Uint64 // window | sum of the other nodes' counts
 	cap     atomic.Uint64 // window | own cap + 1; 0: no cap
 	limit   atomic.Uint32 // the limit of the last Check or Record
@@ -26,7 +27,7 @@ type Snapshot struct {
 	Own    uint32 // this node's count
 	Remote uint32 // the other nodes' count, as last reported
 	Limit  uint32 // the limit of the last Check or Record (0: none yet)
-	SizeMS uint32 // the window's length
+	SizeMS int64  // the window's length
 	EndMS  int64  // the window's end, in Unix milliseconds
 }
 
@@ -54,13 +55,14 @@ func (r *replica) noteLimit(limit uint32) {
 	}
 }
 
-// noteChanged lists a replicated counter for the next DrainChanged, once.
+// noteChanged lists a replicated counter for the next DrainChanged, once. The list keeps
+// the counter's stored id, not the caller's k.ID.
 func (s *shard) noteChanged(k Key, e *entry, ext *replica) {
 	if ext.changed.Load() != 0 || !ext.changed.CompareAndSwap(0, 1) {
 		return
 	}
 	s.changedMu.Lock()
-	s.changed = append(s.changed, changedEntry{k, e})
+	s.changed = append(s.changed, changedEntry{Key{k.Bucket, ext.id}, e})
 	s.changedMu.Unlock()
 }
 
@@ -70,7 +72,7 @@ func (e *entry) snapshot() Snapshot {
 	if size == 0 {
 		return Snapshot{}
 	}
-	w := uint32(end/int64(size) - 1)
+	w := uint32(end/size - 1)
 	snap := Snapshot{SizeMS: size, EndMS: end}
 	if v := e.state.Load(); uint32(v>>32) == w {
 		snap.Own = uint32(v)
@@ -136,7 +138,7 @@ func (l *Limiter) Lookup(k Key) (Snapshot, bool) {
 
 // SetRemote records the other nodes' count for k in the window of sizeMS ending at
 // endMS. It does nothing in a limiter that is not replicated.
-func (l *Limiter) SetRemote(k Key, sizeMS uint32, endMS int64, sum uint32) {
+func (l *Limiter) SetRemote(k Key, sizeMS int64, endMS int64, sum uint32) {
 	if e := l.replicaEntry(k, sizeMS, endMS); e != nil {
 		e.ext.remote.Store(windowWord(sizeMS, endMS) | uint64(sum))
 	}
@@ -144,7 +146,7 @@ func (l *Limiter) SetRemote(k Key, sizeMS uint32, endMS int64, sum uint32) {
 
 // SetCap bounds this node's own count of k in the window of sizeMS ending at endMS to
 // cap (share mode); ClearCap lifts the bound.
-func (l *Limiter) SetCap(k Key, sizeMS uint32, endMS int64, cap uint32) {
+func (l *Limiter) SetCap(k Key, sizeMS int64, endMS int64, cap uint32) {
 	if e := l.replicaEntry(k, sizeMS, endMS); e != nil {
 		e.ext.cap.Store(windowWord(sizeMS, endMS) | uint64(min(cap, math.MaxUint32-1)+1))
 	}
@@ -160,14 +162,14 @@ func (l *Limiter) ClearCap(k Key) {
 	s.mu.RUnlock()
 }
 
-func windowWord(sizeMS uint32, endMS int64) uint64 {
-	return uint64(uint32(endMS/int64(max(sizeMS, 1))-1)) << 32
+func windowWord(sizeMS int64, endMS int64) uint64 {
+	return uint64(uint32(endMS/max(sizeMS, 1)-1)) << 32
 }
 
 // replicaEntry returns k's entry, creating it for a window this node has not counted
 // in yet, so that its first local hit already sees the other nodes' count.
-func (l *Limiter) replicaEntry(k Key, sizeMS uint32, endMS int64) *entry {
-	if !l.replicated || sizeMS == 0 {
+func (l *Limiter) replicaEntry(k Key, sizeMS int64, endMS int64) *entry {
+	if !l.replicated || sizeMS <= 0 {
 		return nil
 	}
 	_, e := l.entry(k)

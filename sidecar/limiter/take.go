@@ -11,13 +11,15 @@ import "math"
 // Refunds are a second counter of the same key in the bucket "<bucket>_refunds", so
 // that a replicated limiter replicates them like any other counter (a G-counter only
 // grows: subtracting from the first would be undone by the other nodes' maximum).
-// Take and Peek deduct them; Check and Record ignore them.
+// Take and Peek deduct them; Check and Record ignore them (a caller that counts denied
+// hits and allows refunds too, such as the rate limit service's rules, deducts Refunded).
 
 // RefundSuffix names a bucket's refund counter: "<bucket>_refunds".
 const RefundSuffix = "_refunds"
 
 // Take adds n hits to k only if the count after adding, less the hits refunded in the
-// window, is within lim, and reports whether it did. A refused Take counts nothing. In a
+// window, is within lim, and reports whether it did. A refused Take counts nothing; Count
+// is the count after adding, or the count that refused the hits, less refunds. In a
 // replicated limiter the count is this node's plus what the other nodes reported, and
 // share mode may bound this node's part further.
 func (l *Limiter) Take(k Key, n uint32, lim Limit) Result {
@@ -50,7 +52,7 @@ func (l *Limiter) Take(k Key, n uint32, lim Limit) Result {
 // Refund forgives n hits taken from k in the current window: Take and Peek deduct them.
 // It never forgives more than was counted, and answers the count after forgiving.
 func (l *Limiter) Refund(k Key, n uint32, lim Limit) Result {
-	_, w, end := l.window(lim)
+	now, w, end := l.window(lim)
 	size := windowMS(lim)
 	taken := l.count(k, w, size)
 	rk := Key{Bucket: l.refundBucket(k.Bucket), ID: k.ID}
@@ -62,7 +64,13 @@ func (l *Limiter) Refund(k Key, n uint32, lim Limit) Result {
 			ext.noteLimit(lim.Count)
 		}
 	}
-	return Result{Allowed: true, Count: taken - min(taken, already+n), Limit: lim, WindowEndMS: end}
+	return Result{Allowed: true, Count: taken - min(taken, already+n), Limit: lim, WindowEndMS: end, NowMS: now}
+}
+
+// Refunded returns the hits refunded from k in the current window of lim.
+func (l *Limiter) Refunded(k Key, lim Limit) uint32 {
+	_, w, _ := l.window(lim)
+	return l.refunded(k, w, windowMS(lim))
 }
 
 // entry returns k's shard and entry, creating the entry when there is none.
@@ -94,12 +102,12 @@ func (l *Limiter) refundBucket(b BucketID) BucketID {
 // refunded returns the hits refunded from k in window w. The refund bucket is
 // registered on first use, also when a refund made on another node has not arrived yet:
 // a name registered here and by a remote merge is one id.
-func (l *Limiter) refunded(k Key, w, size uint32) uint32 {
+func (l *Limiter) refunded(k Key, w uint32, size int64) uint32 {
 	return l.count(Key{Bucket: l.refundBucket(k.Bucket), ID: k.ID}, w, size)
 }
 
 // count returns k's count in window w: this node's plus, when replicated, the others'.
-func (l *Limiter) count(k Key, w, size uint32) uint32 {
+func (l *Limiter) count(k Key, w uint32, size int64) uint32 {
 	s := l.shard(k)
 	s.mu.RLock()
 	defer s.mu.RUnlock()

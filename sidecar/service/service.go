@@ -1,6 +1,7 @@
 // Package service assembles the sidecar from its configuration: the limiter, the tenant
-// directory, the gRPC services (ext_authz, Limiter, health, reflection), the HTTP
-// forward-auth check and operator endpoints, and runs them until stopped.
+// directory, the gRPC services (ext_authz, Envoy's rate limit service, Limiter, health,
+// reflection), the HTTP forward-auth check, the rate limit service's POST /json and the
+// operator endpoints, and runs them until stopped.
 package service
 
 import (
@@ -15,6 +16,7 @@ import (
 	"time"
 
 	authv3 "github.com/envoyproxy/go-control-plane/envoy/service/auth/v3"
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/health"
@@ -23,6 +25,7 @@ import (
 	"google.golang.org/grpc/reflection"
 
 	"github.com/converger/edge/shared/limiterpb"
+	"github.com/converger/edge/shared/netlimit"
 	"github.com/converger/edge/sidecar/authz"
 	"github.com/converger/edge/sidecar/cluster"
 	"github.com/converger/edge/sidecar/config"
@@ -32,6 +35,7 @@ import (
 	"github.com/converger/edge/sidecar/limiter"
 	"github.com/converger/edge/sidecar/metrics"
 	"github.com/converger/edge/sidecar/ops"
+	"github.com/converger/edge/sidecar/rlsapi"
 	"github.com/converger/edge/sidecar/routes"
 	"github.com/converger/edge/sidecar/tenants"
 	"github.com/converger/edge/sidecar/traffic"
@@ -79,6 +83,10 @@ func Start(cfg *config.Config, o Options) (*Sidecar, error) {
 		o.Now = func() time.Time { return time.Now().Add(offset) }
 		log.Warn("the clock is shifted by SIDECAR_TEST_CLOCK_OFFSET_MS, a test hook", "offset", offset)
 	}
+	openFiles, err := netlimit.RaiseOpenFiles()
+	if err != nil {
+		log.Warn("could not raise the open-files limit", "error", err, "limit", openFiles)
+	}
 	ctx, cancel := context.WithCancel(context.Background())
 	s := &Sidecar{log: log, cancel: cancel, errc: make(chan error, 2)}
 	ok := false
@@ -115,6 +123,7 @@ func Start(cfg *config.Config, o Options) (*Sidecar, error) {
 			Now:           o.Now,
 		})
 		s.wg.Go(func() { s.dir.Listen(ctx) })
+		s.wg.Go(func() { s.dir.Watch(ctx) })
 		dir, overrides = s.dir, s.dir
 	} else {
 		log.Warn("DATABASE_URL is not set: API keys, channel secrets and publishable keys are counted unverified, and tenant overrides are off")
@@ -150,9 +159,13 @@ func Start(cfg *config.Config, o Options) (*Sidecar, error) {
 		return nil, err
 	}
 	az.RecordTraffic(s.Traffic)
+	az.LimitInFlight(cfg.MaxChecksInFlight, cfg.DBWait)
+
+	rlsAPI := s.rateLimitService(ctx, cfg)
 
 	s.grpc = grpc.NewServer(GRPCServerOptions()...)
 	authv3.RegisterAuthorizationServer(s.grpc, az)
+	rlsv3.RegisterRateLimitServiceServer(s.grpc, rlsAPI)
 	var limitOverrides limitapi.Overrides
 	if s.dir != nil {
 		limitOverrides = s.dir
@@ -168,21 +181,32 @@ func Start(cfg *config.Config, o Options) (*Sidecar, error) {
 	if err != nil {
 		return nil, fmt.Errorf("SIDECAR_GRPC_ADDR: %w", err)
 	}
-	hl, err := net.Listen("tcp", cfg.HTTPAddr)
+	raw, err := net.Listen("tcp", cfg.HTTPAddr)
 	if err != nil {
 		gl.Close()
 		return nil, fmt.Errorf("SIDECAR_HTTP_ADDR: %w", err)
 	}
+	hl := s.httpListener(raw, cfg, openFiles)
 	s.GRPCAddr, s.HTTPAddr = gl.Addr(), hl.Addr()
 	mux := http.NewServeMux()
 	mux.Handle("/", ops.Handler(s.Metrics.Registry, s.readiness, s.debugCounter))
 	mux.Handle(forwardauth.Path, forwardauth.New(az.Decide, cfg.TrustedProxies, log, s.Metrics.Registry))
+	mux.HandleFunc(rlsapi.JSONPath, rlsAPI.JSON)
 	s.http = &http.Server{
 		Handler:           mux,
 		ReadHeaderTimeout: 5 * time.Second,
 		ReadTimeout:       10 * time.Second,
 		WriteTimeout:      30 * time.Second,
 		IdleTimeout:       2 * time.Minute,
+		MaxHeaderBytes:    MaxHTTPHeaderBytes,
+		ConnState: func(c net.Conn, state http.ConnState) {
+			switch state {
+			case http.StateIdle:
+				hl.SetIdle(c)
+			case http.StateActive:
+				hl.SetActive(c)
+			}
+		},
 	}
 	s.wg.Go(func() {
 		if err := s.grpc.Serve(gl); err != nil {
@@ -196,12 +220,38 @@ func Start(cfg *config.Config, o Options) (*Sidecar, error) {
 	})
 	s.health.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
 	s.health.SetServingStatus(authv3.Authorization_ServiceDesc.ServiceName, healthpb.HealthCheckResponse_SERVING)
+	s.health.SetServingStatus(rlsv3.RateLimitService_ServiceDesc.ServiceName, healthpb.HealthCheckResponse_SERVING)
+	s.health.SetServingStatus("ratelimit", healthpb.HealthCheckResponse_SERVING) // envoyproxy/ratelimit's name
 	s.health.SetServingStatus(limiterpb.Limiter_ServiceDesc.ServiceName, healthpb.HealthCheckResponse_SERVING)
 	s.serving.Store(true)
 	log.Info("sidecar started", "grpc", s.GRPCAddr.String(), "http", s.HTTPAddr.String(),
 		"backend", cfg.Backend, "database", cfg.DatabaseURL != "", "routes", len(table.Routes()))
 	ok = true
 	return s, nil
+}
+
+// MaxHTTPHeaderBytes bounds the request line and headers on the HTTP port (net/http
+// answers 431 beyond it).
+const MaxHTTPHeaderBytes = 16 << 10
+
+// httpListener bounds the HTTP port's connections: failed accepts are retried, the
+// connections capped in total (SIDECAR_HTTP_MAX_CONNS, else from the open-files limit)
+// and per client address (SIDECAR_HTTP_MAX_CONNS_PER_IP; the TRUSTED_PROXIES, such as a
+// proxy asking for forward-auth, are exempt), with their counts in the metrics.
+func (s *Sidecar) httpListener(raw net.Listener, cfg *config.Config, openFiles uint64) *netlimit.Listener {
+	maxConns := cfg.HTTPMaxConns
+	if maxConns == 0 {
+		maxConns = netlimit.DefaultMaxConns(openFiles)
+	}
+	ln := netlimit.Wrap(raw, netlimit.Options{MaxConns: maxConns, MaxConnsPerIP: cfg.HTTPMaxConnsPerIP,
+		Exempt: cfg.TrustedProxies.Trusted, Refuse: netlimit.RefuseHTTP, Logger: s.log, Name: "SIDECAR_HTTP_ADDR"})
+	s.Metrics.GaugeFunc("converger_sidecar_http_connections", "Open connections of the HTTP port.",
+		func() float64 { return float64(ln.Stats().Open) })
+	s.Metrics.CounterFunc("converger_sidecar_http_connections_refused_total", "Connections of the HTTP port refused at its caps.",
+		func() float64 { st := ln.Stats(); return float64(st.RefusedTotal + st.RefusedPerIP) })
+	s.Metrics.CounterFunc("converger_sidecar_http_accept_errors_total", "Failed accepts of the HTTP port, each retried.",
+		func() float64 { return float64(ln.Stats().AcceptErrors) })
+	return ln
 }
 
 // GRPCServerOptions are the options of the sidecar's gRPC server: Envoy's keepalive

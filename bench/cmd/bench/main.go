@@ -17,7 +17,8 @@ import (
 	"github.com/converger/edge/bench/authzload"
 	"github.com/converger/edge/bench/clusterload"
 	"github.com/converger/edge/bench/coreload"
-	"github.com/converger/edge/bench/noopauthz"
+	"github.com/converger/edge/bench/noop"
+	"github.com/converger/edge/bench/rlsload"
 	"github.com/converger/edge/shared/cmdline"
 )
 
@@ -33,7 +34,9 @@ var commands = []command{
 	{"cluster", "sidecar clusters: allowed per window against the limit, and sync traffic, by cluster size, sync interval and share mode", runCluster},
 	{"core", "activity POSTs through the core against pgx inserting the same rows directly (throughput, p50, p99, ratios)", runCore},
 	{"forward-auth", "load-test the sidecar's HTTP forward-auth check against a no-op HTTP handler, and Caddy and nginx with the check against without it", runForwardAuth},
-	{"noop-authz", "serve an Authorization/Check that allows everything (started by authz)", runNoopAuthz},
+	{"rls", "load-test the sidecar's rate limit service (ShouldRateLimit) against a no-op server: hot key, many keys, keys over limit", runRLS},
+	{"core-overload", "the core's capacity (p99 within a bound) against the pgx baseline's, then an overload at a multiple of it and the time to recover", runCoreOverload},
+	{"noop", "serve an Authorization/Check that allows everything and a RateLimitService/ShouldRateLimit that answers OK (started by authz and rls)", runNoop},
 	{"noop-forward-auth", "serve an HTTP check that allows everything (started by forward-auth)", runNoopForwardAuth},
 }
 
@@ -192,15 +195,47 @@ func runCore(ctx context.Context, name string, args []string) int {
 	})
 }
 
-func runNoopAuthz(ctx context.Context, name string, args []string) int {
-	return runNoop(ctx, name, args, noopauthz.Serve)
+func runCoreOverload(ctx context.Context, name string, args []string) int {
+	cfg := coreload.DefaultOverloadConfig()
+	return runLoad(ctx, name, args, loadTest{
+		flags: cfg.RegisterFlags,
+		validate: func(_ *flag.FlagSet, args []string) error {
+			cfg.Args = args
+			return cfg.Validate()
+		},
+		run: func(ctx context.Context) (bool, error) {
+			_, err := coreload.RunOverload(ctx, cfg, os.Stdout, os.Stderr)
+			return false, err
+		},
+		outputs: map[string]*string{"out": &cfg.Out},
+	})
+}
+
+func runRLS(ctx context.Context, name string, args []string) int {
+	cfg := rlsload.DefaultConfig()
+	return runLoad(ctx, name, args, loadTest{
+		flags: cfg.RegisterFlags,
+		validate: func(_ *flag.FlagSet, args []string) error {
+			cfg.Args = args
+			return cfg.Validate()
+		},
+		run: func(ctx context.Context) (bool, error) {
+			rep, err := rlsload.Run(ctx, cfg, os.Stdout, os.Stderr)
+			return err == nil && cfg.Strict && !rep.Pass, err
+		},
+	})
+}
+
+func runNoop(ctx context.Context, name string, args []string) int {
+	return serveNoop(ctx, name, args, noop.Serve)
 }
 
 func runNoopForwardAuth(ctx context.Context, name string, args []string) int {
-	return runNoop(ctx, name, args, noopauthz.ServeHTTP)
+	return serveNoop(ctx, name, args, noop.ServeHTTP)
 }
 
-func runNoop(ctx context.Context, name string, args []string, serve func(context.Context, string, func(net.Addr)) error) int {
+// serveNoop parses a no-op server's flags and runs it until ctx ends.
+func serveNoop(ctx context.Context, name string, args []string, serve func(context.Context, string, func(net.Addr)) error) int {
 	fs := flag.NewFlagSet("bench "+name, flag.ContinueOnError)
 	addr := fs.String("addr", "127.0.0.1:0", "listen address; port 0 picks a free one, printed on stdout")
 	if code, done := parse(fs, args); done {

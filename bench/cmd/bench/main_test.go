@@ -19,7 +19,7 @@ func TestCommandLine(t *testing.T) {
 		t.Fatal(err)
 	}
 	cmdlinetest.Check(t, binary, nil, "usage: bench <command>")
-	for _, cmd := range []string{"authz", "core", "cluster", "noop-authz"} {
+	for _, cmd := range []string{"authz", "core", "cluster", "noop"} {
 		cmdlinetest.Check(t, binary, nil, "-", cmd) // every subcommand lists its flags
 	}
 }

@@ -433,7 +433,7 @@ func (n *node) createToken(ip string) bool {
 }
 
 // (a) A budget used up on one node is enforced by the others within two sync intervals.
-// Not parallel: it measures time, on an otherwise idle machine.
+// Not parallel: it measures time; other packages' tests may still run beside it.
 func TestClusterBudgetUsedUpOnOneNodeIsEnforcedByTheOthers(t *testing.T) {
 	nodes := startCluster(t, 3, hourLimits, clockOffset(time.Hour), nil)
 	// A node sends a changed count at its next flush, at most one interval after the
@@ -441,7 +441,11 @@ func TestClusterBudgetUsedUpOnOneNodeIsEnforcedByTheOthers(t *testing.T) {
 	// one more interval. Loopback adds well under a millisecond; the margin is for
 	// the scheduling of four race-instrumented processes on a small machine and the
 	// polling itself (a Peek every 2 ms).
+	// The median must be within the bound; one sample may be late by a stall of the
+	// machine (other tests' processes run beside these four), never by a lost round of
+	// syncs, which would show in every round.
 	bound := 2*syncInterval + 100*time.Millisecond
+	worst := 4*syncInterval + 200*time.Millisecond
 	var seen []time.Duration
 	for round := range 5 {
 		ip := fmt.Sprintf("192.0.2.%d", 10+round)
@@ -483,8 +487,8 @@ func TestClusterBudgetUsedUpOnOneNodeIsEnforcedByTheOthers(t *testing.T) {
 			t.Fatalf("round %d: %v", round, err)
 		}
 		for j, d := range took {
-			if d > bound {
-				t.Errorf("round %d: %s denied %v after the last allowed request on n1, bound %v", round, nodes[j+1].name, d, bound)
+			if d > worst {
+				t.Errorf("round %d: %s denied %v after the last allowed request on n1, bound %v", round, nodes[j+1].name, d, worst)
 			}
 			seen = append(seen, d)
 		}
@@ -498,6 +502,9 @@ func TestClusterBudgetUsedUpOnOneNodeIsEnforcedByTheOthers(t *testing.T) {
 	slices.Sort(seen)
 	t.Logf("propagation from n1 to n2/n3 (sync interval %v, bound %v): min %v, median %v, max %v over %d samples",
 		syncInterval, bound, seen[0], seen[len(seen)/2], seen[len(seen)-1], len(seen))
+	if median := seen[len(seen)/2]; median > bound {
+		t.Errorf("median propagation %v, bound %v", median, bound)
+	}
 }
 
 // (b) Use split across nodes adds up, exactly once, however often values are resent.

@@ -1,5 +1,6 @@
-// Command sidecar is the rate-limit sidecar: Envoy's external authorization service and
-// the project's Limiter service. See the README for its configuration.
+// Command sidecar is the rate-limit sidecar: Envoy's external authorization service,
+// Envoy's rate limit service and the project's Limiter service. See the README for its
+// configuration. `sidecar check-config` validates the configuration files and exits.
 package main
 
 import (
@@ -16,22 +17,33 @@ import (
 	"github.com/converger/edge/sidecar/service"
 )
 
-const usage = `usage: sidecar [--help] [--version]
+const usage = `usage: sidecar [--help] [--version]      serve
+       sidecar check-config                validate RATE_LIMIT_CONFIG, RLS_CONFIG_DIR and
+                                           the rest of the environment, and exit
 
-The rate-limit sidecar: Envoy's external authorization service (gRPC Check) and the
-Limiter service on SIDECAR_GRPC_ADDR (127.0.0.1:8081), /metrics, /healthz and /readyz on
-SIDECAR_HTTP_ADDR (127.0.0.1:8082). It is configured by environment variables (README.md,
-"The sidecar"); any of them may be given as a file instead, NAME_FILE=/path/to/file.
-SIGINT or SIGTERM stops it.
+The rate-limit sidecar: Envoy's external authorization service (gRPC Check), Envoy's rate
+limit service (ShouldRateLimit) and the Limiter service on SIDECAR_GRPC_ADDR
+(127.0.0.1:8081); /metrics, /healthz, /readyz, the forward-auth /check and the rate limit
+service's POST /json on SIDECAR_HTTP_ADDR (127.0.0.1:8082). It is configured by environment
+variables (README.md, "The sidecar"); any of them may be given as a file instead,
+NAME_FILE=/path/to/file. SIGINT or SIGTERM stops it. check-config exits 0, or 2 with every
+problem found.
 `
 
 func main() {
 	fs := flag.NewFlagSet("sidecar", flag.ContinueOnError)
 	fs.Usage = func() { fmt.Fprint(fs.Output(), usage) }
-	if code, exit := cmdline.Parse(fs, os.Args[1:], false, os.Stdout, os.Stderr); exit {
+	if code, exit := cmdline.Parse(fs, os.Args[1:], true, os.Stdout, os.Stderr); exit {
 		os.Exit(code)
 	}
 	env := envfile.New(os.Environ(), os.ReadFile)
+	switch {
+	case fs.NArg() == 1 && fs.Arg(0) == "check-config":
+		os.Exit(checkConfig(env))
+	case fs.NArg() > 0:
+		fmt.Fprintf(os.Stderr, "sidecar: unexpected argument %q\nRun `sidecar --help` for its usage.\n", fs.Arg(0))
+		os.Exit(2)
+	}
 	cfg, err := config.Load(env.Getenv)
 	if fileErr := env.Err(); fileErr != nil {
 		err = fileErr // an unreadable NAME_FILE explains what Load said of NAME
@@ -64,4 +76,25 @@ func main() {
 		fmt.Fprintf(os.Stderr, "sidecar: %v\n", err)
 		os.Exit(1)
 	}
+}
+
+// checkConfig validates RATE_LIMIT_CONFIG and RLS_CONFIG_DIR, then the rest of the
+// configuration, without serving: 0 when valid, 2 with every problem found.
+func checkConfig(env *envfile.Env) int {
+	summary, err := config.CheckFiles(env.Getenv)
+	if err == nil {
+		_, err = config.Load(env.Getenv)
+	}
+	if fileErr := env.Err(); fileErr != nil {
+		err = fileErr
+	}
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "sidecar: invalid configuration: %v\n", err)
+		return 2
+	}
+	for _, line := range summary {
+		fmt.Println(line)
+	}
+	fmt.Println("configuration valid")
+	return 0
 }

@@ -1,4 +1,4 @@
-package authzload
+package procs
 
 import (
 	"bufio"
@@ -11,36 +11,27 @@ import (
 	"os/exec"
 	"strings"
 	"time"
-
-	"github.com/converger/edge/bench/procs"
 )
 
-// startSidecar starts the sidecar binary on free loopback ports and waits until /readyz
-// answers 200. It returns the process and its gRPC and HTTP addresses.
-func startSidecar(ctx context.Context, bin, databaseURL, verifyKey, trusted string, log io.Writer) (p *procs.Proc, grpcAddr, httpAddr string, err error) {
-	env := procs.SidecarEnv()
+// StartSidecar starts the sidecar binary on free loopback ports, with SidecarEnv and the
+// variables of env (KEY=value), and waits until /readyz answers 200. It returns the process
+// and its gRPC and HTTP addresses.
+func StartSidecar(ctx context.Context, bin string, env []string, log io.Writer) (p *Proc, grpcAddr, httpAddr string, err error) {
+	base := SidecarEnv()
 	var lastErr error
 	for range 3 {
-		ports, err := procs.FreePorts(2)
+		ports, err := FreePorts(2)
 		if err != nil {
 			return nil, "", "", err
 		}
 		grpcAddr, httpAddr = ports[0], ports[1]
 		cmd := exec.Command(bin)
-		cmd.Env = append(env,
-			"SIDECAR_GRPC_ADDR="+grpcAddr,
-			"SIDECAR_HTTP_ADDR="+httpAddr,
-			"DATABASE_URL="+databaseURL,
-			"TOKEN_VERIFY_KEYS="+verifyKey,
-			"TRUSTED_PROXIES="+trusted,
-			"LOG_LEVEL=warn",
-			"LOG_FORMAT=text",
-		)
-		p, err = procs.Start("sidecar", cmd, &procs.TailWriter{Prefix: "sidecar: ", W: log})
+		cmd.Env = append(append(base[:len(base):len(base)], "SIDECAR_GRPC_ADDR="+grpcAddr, "SIDECAR_HTTP_ADDR="+httpAddr), env...)
+		p, err = Start("sidecar", cmd, &TailWriter{Prefix: "sidecar: ", W: log})
 		if err != nil {
 			return nil, "", "", err
 		}
-		err = procs.WaitReady(ctx, p, "http://"+httpAddr+"/readyz", nil)
+		err = WaitReady(ctx, p, "http://"+httpAddr+"/readyz", nil)
 		if err == nil {
 			return p, grpcAddr, httpAddr, nil
 		}
@@ -53,9 +44,10 @@ func startSidecar(ctx context.Context, bin, databaseURL, verifyKey, trusted stri
 	return nil, "", "", lastErr
 }
 
-// startNoop starts `<this binary> <command>` (noop-authz or noop-forward-auth) on a free
-// port and returns the address it prints.
-func startNoop(ctx context.Context, command string, log io.Writer) (*procs.Proc, string, error) {
+// StartNoop starts `<this binary> <command>` on a free port and returns the address it
+// prints: command is noop (the no-op Envoy services, over gRPC) or noop-forward-auth (the
+// no-op HTTP check).
+func StartNoop(ctx context.Context, command string, log io.Writer) (*Proc, string, error) {
 	exe, err := os.Executable()
 	if err != nil {
 		return nil, "", fmt.Errorf("finding the bench binary: %w", err)
@@ -66,7 +58,7 @@ func startNoop(ctx context.Context, command string, log io.Writer) (*procs.Proc,
 	}
 	cmd := exec.Command(exe, command, "-addr", "127.0.0.1:0")
 	cmd.Stdout = w
-	p, err := procs.Start("no-op server", cmd, &procs.TailWriter{Prefix: command + ": ", W: log})
+	p, err := Start("no-op server", cmd, &TailWriter{Prefix: command + ": ", W: log})
 	w.Close()
 	if err != nil {
 		r.Close()

@@ -1,4 +1,4 @@
-package authzload
+package closedloop
 
 import (
 	"math"

@@ -1,4 +1,4 @@
-package noopauthz
+package noop
 
 import (
 	"context"
@@ -8,12 +8,14 @@ import (
 	"testing"
 	"time"
 
+	rlv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	authv3 "github.com/envoyproxy/go-control-plane/envoy/service/auth/v3"
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 )
 
-func TestServeAllowsAndStops(t *testing.T) {
+func TestServeAnswersOKAndStops(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	addrc := make(chan net.Addr, 1)
@@ -43,6 +45,11 @@ func TestServeAllowsAndStops(t *testing.T) {
 	}
 	if resp.GetStatus() == nil || resp.GetStatus().GetCode() != 0 || resp.GetDeniedResponse() != nil {
 		t.Errorf("Check = %v, want an OK status and no denial", resp)
+	}
+	rl, err := rlsv3.NewRateLimitServiceClient(conn).ShouldRateLimit(cctx, &rlsv3.RateLimitRequest{Domain: "d",
+		Descriptors: []*rlv3.RateLimitDescriptor{{Entries: []*rlv3.RateLimitDescriptor_Entry{{Key: "k", Value: "v"}}}, {}}})
+	if err != nil || rl.GetOverallCode() != rlsv3.RateLimitResponse_OK || len(rl.GetStatuses()) != 2 || rl.GetStatuses()[1].GetCode() != rlsv3.RateLimitResponse_OK {
+		t.Errorf("ShouldRateLimit = %v, %v; want OK with two OK statuses", rl, err)
 	}
 
 	cancel()

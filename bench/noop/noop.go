@@ -1,7 +1,10 @@
-// Package noopauthz is a no-op envoy.service.auth.v3.Authorization server, and a no-op
-// HTTP forward-auth check: both allow everything at once. The authz and forward-auth
-// load tests measure the sidecar against them, as the floor of gRPC and HTTP cost.
-package noopauthz
+// Package noop serves no-op counterparts of the sidecar's checks, which allow everything
+// at once: over gRPC, an envoy.service.auth.v3.Authorization whose Check allows and an
+// envoy.service.ratelimit.v3.RateLimitService whose ShouldRateLimit answers OK (Serve);
+// over HTTP, a forward-auth check that answers 200 (ServeHTTP). The authz, rls and
+// forward-auth load tests measure the sidecar against them, as the floor of gRPC and HTTP
+// cost.
+package noop
 
 import (
 	"context"
@@ -12,6 +15,7 @@ import (
 	"time"
 
 	authv3 "github.com/envoyproxy/go-control-plane/envoy/service/auth/v3"
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	rpcstatus "google.golang.org/genproto/googleapis/rpc/status"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -33,14 +37,34 @@ func (Server) Check(context.Context, *authv3.CheckRequest) (*authv3.CheckRespons
 	return &authv3.CheckResponse{Status: &rpcstatus.Status{Code: int32(codes.OK)}}, nil
 }
 
+// RateLimit answers every ShouldRateLimit OK, with one OK status per descriptor.
+type RateLimit struct {
+	rlsv3.UnimplementedRateLimitServiceServer
+}
+
+// ShouldRateLimit answers OK. The response is built per call, as the sidecar builds its
+// own, with the statuses Envoy expects (one per descriptor) in one allocation.
+func (RateLimit) ShouldRateLimit(_ context.Context, req *rlsv3.RateLimitRequest) (*rlsv3.RateLimitResponse, error) {
+	n := len(req.GetDescriptors())
+	statuses := make([]rlsv3.RateLimitResponse_DescriptorStatus, n)
+	resp := &rlsv3.RateLimitResponse{OverallCode: rlsv3.RateLimitResponse_OK, Statuses: make([]*rlsv3.RateLimitResponse_DescriptorStatus, n)}
+	for i := range statuses {
+		statuses[i].Code = rlsv3.RateLimitResponse_OK
+		resp.Statuses[i] = &statuses[i]
+	}
+	return resp, nil
+}
+
 // NewGRPCServer returns a gRPC server with the sidecar's options and services: the no-op
-// Authorization, health and reflection.
+// Authorization and RateLimitService, health and reflection.
 func NewGRPCServer() *grpc.Server {
 	s := grpc.NewServer(service.GRPCServerOptions()...)
 	authv3.RegisterAuthorizationServer(s, Server{})
+	rlsv3.RegisterRateLimitServiceServer(s, RateLimit{})
 	h := health.NewServer()
 	h.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
 	h.SetServingStatus(authv3.Authorization_ServiceDesc.ServiceName, healthpb.HealthCheckResponse_SERVING)
+	h.SetServingStatus(rlsv3.RateLimitService_ServiceDesc.ServiceName, healthpb.HealthCheckResponse_SERVING)
 	healthpb.RegisterHealthServer(s, h)
 	reflection.Register(s)
 	return s
@@ -51,7 +75,7 @@ func NewGRPCServer() *grpc.Server {
 func Serve(ctx context.Context, addr string, ready func(net.Addr)) error {
 	l, err := net.Listen("tcp", addr)
 	if err != nil {
-		return fmt.Errorf("noop-authz: %w", err)
+		return fmt.Errorf("noop: %w", err)
 	}
 	s := NewGRPCServer()
 	errc := make(chan error, 1)
@@ -61,7 +85,7 @@ func Serve(ctx context.Context, addr string, ready func(net.Addr)) error {
 	}
 	select {
 	case err := <-errc:
-		return fmt.Errorf("noop-authz: %w", err)
+		return fmt.Errorf("noop: %w", err)
 	case <-ctx.Done():
 	}
 	done := make(chan struct{})
@@ -72,7 +96,7 @@ func Serve(ctx context.Context, addr string, ready func(net.Addr)) error {
 		s.Stop()
 	}
 	if err := <-errc; err != nil && !errors.Is(err, grpc.ErrServerStopped) {
-		return fmt.Errorf("noop-authz: %w", err)
+		return fmt.Errorf("noop: %w", err)
 	}
 	return nil
 }

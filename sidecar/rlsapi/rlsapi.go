@@ -1,0 +1,252 @@
+// Package rlsapi serves the rate limit service to Envoy over gRPC
+// (envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit) and over HTTP (POST /json),
+// converting the protos to and from the decisions of package rls.
+package rlsapi
+
+import (
+	"context"
+	"errors"
+	"io"
+	"log/slog"
+	"net/http"
+	"strconv"
+	"sync"
+	"time"
+
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/encoding/protojson"
+	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/types/known/wrapperspb"
+
+	"github.com/converger/edge/shared/apierror"
+	"github.com/converger/edge/sidecar/rls"
+)
+
+// The response headers, named as the reference names them by default.
+const (
+	HeaderLimit     = "RateLimit-Limit"
+	HeaderRemaining = "RateLimit-Remaining"
+	HeaderReset     = "RateLimit-Reset"
+)
+
+// JSONPath is the JSON endpoint's path on SIDECAR_HTTP_ADDR, as the reference serves it.
+const JSONPath = "/json"
+
+// MaxJSONBody bounds a /json request, as the gRPC server bounds a message.
+const MaxJSONBody = 1 << 20
+
+// Server implements RateLimitServiceServer and the /json handler.
+type Server struct {
+	rlsv3.UnimplementedRateLimitServiceServer
+	svc  *rls.Service
+	log  *slog.Logger
+	pool sync.Pool // of *scratch
+}
+
+// New returns the server of svc.
+func New(svc *rls.Service, log *slog.Logger) *Server {
+	if log == nil {
+		log = slog.Default()
+	}
+	return &Server{svc: svc, log: log, pool: sync.Pool{New: func() any { return new(scratch) }}}
+}
+
+// scratch is what one call converts into, reused across calls.
+type scratch struct {
+	req     rls.Request
+	resp    rls.Response
+	entries []rls.Entry
+}
+
+// ShouldRateLimit decides on a request. Its errors are the reference's (an empty domain,
+// no descriptors) and ours (a limit override without a valid unit, a request over the
+// bounds), all InvalidArgument: Envoy treats any error as a failed call.
+func (s *Server) ShouldRateLimit(_ context.Context, req *rlsv3.RateLimitRequest) (*rlsv3.RateLimitResponse, error) {
+	resp, err := s.decide(req)
+	if err != nil {
+		return nil, status.Error(codes.InvalidArgument, err.Error())
+	}
+	return resp, nil
+}
+
+func (s *Server) decide(req *rlsv3.RateLimitRequest) (*rlsv3.RateLimitResponse, error) {
+	start := time.Now()
+	sc := s.pool.Get().(*scratch)
+	defer func() {
+		// The scratch must not keep the request's strings alive.
+		clear(sc.entries)
+		clear(sc.req.Descriptors)
+		s.pool.Put(sc)
+	}()
+	convert(req, sc)
+	err := s.svc.Decide(&sc.req, &sc.resp)
+	m := s.svc.Metrics()
+	if err != nil {
+		m.Observe(false, true, time.Since(start))
+		return nil, err
+	}
+	out := response(&sc.resp)
+	m.Observe(sc.resp.Code == rls.OverLimit, false, time.Since(start))
+	return out, nil
+}
+
+// convert reads a RateLimitRequest into sc.req, whose strings are the message's.
+func convert(req *rlsv3.RateLimitRequest, sc *scratch) {
+	ds := req.GetDescriptors()
+	n := 0
+	for _, d := range ds {
+		n += len(d.GetEntries())
+	}
+	if cap(sc.entries) < n {
+		sc.entries = make([]rls.Entry, n)
+	}
+	entries := sc.entries[:n]
+	if cap(sc.req.Descriptors) < len(ds) {
+		sc.req.Descriptors = make([]rls.Descriptor, len(ds))
+	}
+	sc.req.Domain, sc.req.Hits, sc.req.Descriptors = req.GetDomain(), req.GetHitsAddend(), sc.req.Descriptors[:len(ds)]
+	for i, d := range ds {
+		es := d.GetEntries()
+		mine := entries[:len(es):len(es)]
+		entries = entries[len(es):]
+		for j, e := range es {
+			mine[j] = rls.Entry{Key: e.GetKey(), Value: e.GetValue()}
+		}
+		out := rls.Descriptor{Entries: mine, Refund: d.GetIsNegativeHits()}
+		if h := d.GetHitsAddend(); h != nil {
+			out.HasHits, out.Hits = true, h.GetValue()
+		}
+		if o := d.GetLimit(); o != nil {
+			out.HasOverride = true
+			out.Override = rls.Override{PerUnit: o.GetRequestsPerUnit(), Unit: rls.Unit(o.GetUnit()), Multiplier: o.GetUnitMultiplier().GetValue()}
+		}
+		sc.req.Descriptors[i] = out
+	}
+}
+
+// smallN is the number of descriptors up to which a response is one allocation: Envoy
+// sends one per rate_limits entry of a route, most often one or two.
+const smallN = 2
+
+// small is a whole response of up to smallN statuses, allocated at once.
+type small struct {
+	resp     rlsv3.RateLimitResponse
+	ptrs     [smallN]*rlsv3.RateLimitResponse_DescriptorStatus
+	statuses [smallN]statusParts
+}
+
+// headers are the response headers, allocated at once.
+type headers struct {
+	values [3]corev3.HeaderValue
+	ptrs   [3]*corev3.HeaderValue
+}
+
+// statusParts are a DescriptorStatus and what it points to.
+type statusParts struct {
+	st  rlsv3.RateLimitResponse_DescriptorStatus
+	lim rlsv3.RateLimitResponse_RateLimit
+	dur durationpb.Duration
+}
+
+// response builds the RateLimitResponse of a decision: in one allocation for up to smallN
+// descriptors, in three for more; the response headers take one more, and their values.
+func response(d *rls.Response) *rlsv3.RateLimitResponse {
+	n := len(d.Statuses)
+	var out *rlsv3.RateLimitResponse
+	var parts []statusParts
+	if n <= smallN {
+		sm := new(small)
+		out, parts = &sm.resp, sm.statuses[:n]
+		out.Statuses = sm.ptrs[:n]
+	} else {
+		out, parts = new(rlsv3.RateLimitResponse), make([]statusParts, n)
+		out.Statuses = make([]*rlsv3.RateLimitResponse_DescriptorStatus, n)
+	}
+	out.OverallCode = rlsv3.RateLimitResponse_Code(d.Code)
+	for i := range d.Statuses {
+		st, p := &d.Statuses[i], &parts[i]
+		p.st.Code = rlsv3.RateLimitResponse_Code(st.Code)
+		p.st.LimitRemaining = st.Remaining
+		if st.HasLimit {
+			l := &p.lim
+			l.RequestsPerUnit, l.Unit, l.Name = st.Limit.PerUnit, rlsv3.RateLimitResponse_RateLimit_Unit(st.Limit.Unit), st.Limit.Name
+			if st.Limit.Multiplier != 0 {
+				l.UnitMultiplier = wrapperspb.UInt32(st.Limit.Multiplier)
+			}
+			p.dur.Seconds = st.Reset
+			p.st.CurrentLimit, p.st.DurationUntilReset = l, &p.dur
+		}
+		out.Statuses[i] = &p.st
+	}
+	if d.Header >= 0 {
+		st, h := &d.Statuses[d.Header], new(headers)
+		h.values[0] = corev3.HeaderValue{Key: HeaderLimit, Value: strconv.FormatUint(uint64(st.Limit.PerUnit), 10)}
+		h.values[1] = corev3.HeaderValue{Key: HeaderRemaining, Value: strconv.FormatUint(uint64(st.Remaining), 10)}
+		h.values[2] = corev3.HeaderValue{Key: HeaderReset, Value: strconv.FormatInt(st.Reset, 10)}
+		for i := range h.values {
+			h.ptrs[i] = &h.values[i]
+		}
+		out.ResponseHeadersToAdd = h.ptrs[:]
+	}
+	return out
+}
+
+// JSON serves POST /json: a RateLimitRequest in protobuf's JSON mapping in, the
+// RateLimitResponse in the same mapping out, 200 when OK and 429 when over the limit;
+// 400 with the error envelope for a body that is not a request, or a request refused.
+// The response headers, when on, are only in the body, as the reference sends them.
+func (s *Server) JSON(w http.ResponseWriter, r *http.Request) {
+	id := apierror.RequestID(r.Header.Get("x-request-id"))
+	fail := func(e apierror.Error, msg string) {
+		w.Header().Set("Content-Type", "application/json")
+		w.Header().Set("x-request-id", id)
+		w.WriteHeader(e.Status)
+		_, _ = w.Write(e.WithMessage(msg).Body(nil, id))
+	}
+	if r.Method != http.MethodPost {
+		w.Header().Set("Allow", http.MethodPost)
+		fail(apierror.Error{Status: http.StatusMethodNotAllowed, Code: "method_not_allowed"}, "Use POST with a RateLimitRequest in JSON.")
+		return
+	}
+	if enc := r.Header.Get("Content-Encoding"); enc != "" && enc != "identity" {
+		fail(apierror.Error{Status: http.StatusUnsupportedMediaType, Code: "unsupported_media_type"}, "Compressed bodies are not accepted.")
+		return
+	}
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, MaxJSONBody))
+	if err != nil {
+		var tooBig *http.MaxBytesError
+		if errors.As(err, &tooBig) {
+			fail(apierror.Error{Status: http.StatusRequestEntityTooLarge, Code: "payload_too_large"}, "The body is larger than "+strconv.Itoa(MaxJSONBody)+" bytes.")
+			return
+		}
+		fail(apierror.BadRequest, "The body could not be read.")
+		return
+	}
+	var req rlsv3.RateLimitRequest
+	if err := protojson.Unmarshal(body, &req); err != nil {
+		fail(apierror.BadRequest, "The body is not a RateLimitRequest in protobuf's JSON mapping: "+err.Error())
+		return
+	}
+	resp, err := s.decide(&req)
+	if err != nil {
+		fail(apierror.BadRequest, err.Error())
+		return
+	}
+	b, err := protojson.Marshal(resp)
+	if err != nil {
+		s.log.Error("encoding a RateLimitResponse", "error", err)
+		fail(apierror.Unavailable, apierror.Unavailable.Message)
+		return
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Cache-Control", "no-store")
+	code := http.StatusOK
+	if resp.GetOverallCode() == rlsv3.RateLimitResponse_OVER_LIMIT {
+		code = http.StatusTooManyRequests
+	}
+	w.WriteHeader(code)
+	_, _ = w.Write(b)
+}
