@@ -39,6 +39,7 @@ import (
 	"github.com/converger/edge/core/store"
 	"github.com/converger/edge/shared/clientip"
 	"github.com/converger/edge/shared/limiterclient"
+	"github.com/converger/edge/shared/netlimit"
 	"github.com/converger/edge/shared/pgserver"
 	"github.com/converger/edge/shared/token"
 	"github.com/converger/edge/sidecar/service"
@@ -162,7 +163,8 @@ func newEnv(t *testing.T, o envOptions) *env {
 	app, _ := api.New(api.Deps{Store: st, Signer: signer, Verifier: verifier, PublicURL: e.base, Limits: activity.DefaultLimits,
 		MaxUploadBytes: 1 << 20, Logger: quietLogger(), Middleware: []fiber.Handler{checker.Handler},
 		Pages: pages.Register, Console: cons.Register, Limiter: lim})
-	go func() { _ = app.Listener(ln) }()
+	// As core serve does: a listener that drains a request it answered early (413).
+	go func() { _ = app.Listener(netlimit.Wrap(ln, netlimit.Options{Logger: quietLogger()})) }()
 	t.Cleanup(func() {
 		_ = app.ShutdownWithTimeout(5 * time.Second)
 		pages.Close()
