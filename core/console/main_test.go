@@ -155,7 +155,11 @@ func newEnv(t *testing.T, o envOptions) *env {
 	if err != nil {
 		t.Fatal(err)
 	}
-	checker, err := authzcheck.New(authzcheck.Options{Addr: e.sidecar.GRPCAddr.String(), Logger: quietLogger()})
+	// A Check that fails is refused rather than let through unchecked, with a budget a
+	// loaded machine keeps: a test that counts what the sidecar limits must not count
+	// requests that were never checked.
+	checker, err := authzcheck.New(authzcheck.Options{Addr: e.sidecar.GRPCAddr.String(), Logger: quietLogger(),
+		Timeout: 5 * time.Second, FailClosed: true})
 	if err != nil {
 		t.Fatal(err)
 	}
