@@ -10,7 +10,7 @@ import (
 	"github.com/converger/edge/sidecar/traffic"
 )
 
-// The console's live view of a cluster is one node's merged view (README, "The
+// The console's live view of a cluster is one node's merged view (docs/core.md, "The
 // console"): every node sends its own per-minute decision counts (sidecar/traffic) to
 // the others every TrafficInterval, and offers the keys whose counts the others report
 // to its table of busy keys, so that any node answers for the whole cluster.

@@ -42,7 +42,7 @@ import (
 var serviceUsage = map[string]string{
 	"serve": "usage: core serve\n\nRuns the HTTP API on CORE_ADDR after applying the migrations to DATABASE_URL; needs\n" +
 		"TOKEN_SIGNING_KEY and ENCRYPTION_KEY (`core keys generate` makes them). Configured by\n" +
-		"environment variables (README.md, \"The core\"), any of which may be given as a file,\n" +
+		"environment variables (docs/core.md, \"Configuration\"), any of which may be given as a file,\n" +
 		"NAME_FILE=/path/to/file. SIGINT or SIGTERM stops it gracefully.\n",
 	"migrate": "usage: core migrate\n\nApplies the database migrations to DATABASE_URL and prints the schema version.\n",
 }

@@ -613,7 +613,7 @@ Demo tenant %q (%s) and echo channel %q (%s); development credentials, also in %
   channel secret (tokens/generate)         %s
   publishable key (tokens/publishable)     %s
 
-Try it from another terminal, in this directory (README.md, "Core", walks through it):
+Try it from another terminal, in this directory (README.md walks through it):
 
   . ./%s
   B=%s
