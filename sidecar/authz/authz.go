@@ -25,6 +25,7 @@ import (
 	"github.com/converger/edge/sidecar/metrics"
 	"github.com/converger/edge/sidecar/routes"
 	"github.com/converger/edge/sidecar/tenants"
+	"github.com/converger/edge/sidecar/traffic"
 )
 
 // Overrides gives a tenant's limit overrides; *tenants.Directory implements it.
@@ -48,6 +49,10 @@ type Server struct {
 	overrides Overrides // nil without a database
 	metrics   *metrics.Metrics
 	none      prometheus.Counter
+	traffic   *traffic.Recorder // nil: decisions are not recorded for the live view
+	slots     chan struct{}     // one per Check being decided
+	longest   time.Duration     // the longest a decision may take (its database wait)
+	shed      prometheus.Counter
 }
 
 // step is a route step with everything resolved that does not depend on the request.
@@ -66,7 +71,8 @@ type counter struct {
 
 // New builds the server for a route table.
 func New(table *routes.Table, ident *identity.Resolver, lim *limiter.Limiter, limits BaseLimits, overrides Overrides, m *metrics.Metrics) (*Server, error) {
-	s := &Server{table: table, ident: ident, limiter: lim, overrides: overrides, metrics: m, none: m.Unlimited()}
+	s := &Server{table: table, ident: ident, limiter: lim, overrides: overrides, metrics: m, none: m.Unlimited(),
+		slots: make(chan struct{}, DefaultMaxInFlight), shed: m.Shed()}
 	mk := func(name string, route buckets.Limit) (counter, error) {
 		base, ok := limits.BaseLimit(name, route)
 		if !ok {
@@ -95,13 +101,37 @@ func New(table *routes.Table, ident *identity.Resolver, lim *limiter.Limiter, li
 	return s, nil
 }
 
+// RecordTraffic makes every decision count in the live view's minutes and busiest keys
+// (sidecar/traffic). Call it before serving.
+func (s *Server) RecordTraffic(r *traffic.Recorder) { s.traffic = r }
+
+// Budget bounds of a Check waiting for its turn: without a deadline from the caller it
+// waits at most defaultBudget; with one, it keeps a fifth of the time to its deadline
+// (at least minAnswerMargin) for the answer to travel, so that it arrives in time.
+const (
+	defaultBudget   = 200 * time.Millisecond
+	minAnswerMargin = 25 * time.Millisecond
+)
+
+// DefaultMaxInFlight is the bound on Checks decided at once until LimitInFlight.
+const DefaultMaxInFlight = 256
+
+// LimitInFlight bounds the Checks decided at once to n; longest is the longest a
+// decision may take (the database wait of a credential not cached). Call it before
+// serving. Beyond the bound a Check waits for its turn while its decision could still
+// be in time — until longest and a margin before its deadline (Envoy's timeout, sent
+// as grpc-timeout) — then gets the fast decision of overloaded, so that an
+// overloaded sidecar still answers within the budget, and never with an error or late,
+// either of which Envoy, with failure_mode_allow, takes as "let it through".
+func (s *Server) LimitInFlight(n int, longest time.Duration) {
+	s.slots = make(chan struct{}, n)
+	s.longest = longest
+}
+
 // Check decides on one request. Every decision is an answer, never a gRPC error: Envoy
 // treats errors as failures of the service, not as denials.
-func (s *Server) Check(_ context.Context, req *authv3.CheckRequest) (*authv3.CheckResponse, error) {
-	start := time.Now()
-	v := s.decide(RequestOf(req))
-	s.metrics.ObserveCheck(time.Since(start))
-	return v.Response(), nil
+func (s *Server) Check(ctx context.Context, req *authv3.CheckRequest) (*authv3.CheckResponse, error) {
+	return s.Verdict(ctx, RequestOf(req)).Response(), nil
 }
 
 // Request is what a decision reads of a request, whichever interface it came in on:
@@ -130,17 +160,29 @@ const HeaderRequestID = "x-request-id"
 // requests itself need extract no others.
 var RequestHeaders = append(identity.Headers[:len(identity.Headers):len(identity.Headers)], HeaderRequestID)
 
-// Decide makes Check's decision on a request given by its parts, and records its
-// latency as Check does. The HTTP forward-auth check answers with it.
+// Decide makes Check's decision on a request given by its parts, without waiting for a
+// turn among the Checks in flight, and records its latency as Check does. The HTTP
+// forward-auth check answers with it.
 func (s *Server) Decide(r Request) *authv3.CheckResponse {
-	return s.Verdict(r).Response()
-}
-
-// Verdict is Decide without the CheckResponse: the decision's parts, for a caller that
-// writes the answer itself.
-func (s *Server) Verdict(r Request) Verdict {
 	start := time.Now()
 	v := s.decide(r)
+	s.metrics.ObserveCheck(time.Since(start))
+	return v.Response()
+}
+
+// Verdict is Check without the CheckResponse: it waits for a turn among the Checks in
+// flight within the budget of ctx (LimitInFlight), decides, and records the decision's
+// latency. A caller that writes the answer itself (sidecar/envoywire) asks it.
+func (s *Server) Verdict(ctx context.Context, r Request) Verdict {
+	start := time.Now()
+	var v Verdict
+	if s.admit(ctx, start) {
+		v = s.decide(r)
+		<-s.slots
+	} else {
+		s.shed.Inc()
+		v = s.overloaded(r)
+	}
 	s.metrics.ObserveCheck(time.Since(start))
 	return v
 }
@@ -148,11 +190,12 @@ func (s *Server) Verdict(r Request) Verdict {
 // Verdict is a decision: allowed, or denied with what the answer says.
 type Verdict struct {
 	// Code is the CheckResponse's status code: OK when allowed, else PermissionDenied,
-	// Unauthenticated (a 401) or ResourceExhausted (over the limit).
+	// Unauthenticated (a 401), ResourceExhausted (over the limit) or Unavailable (an
+	// overloaded sidecar).
 	Code codes.Code
 	// Denial is a denial's HTTP status and envelope; zero when allowed.
 	Denial apierror.Error
-	// RetryAfterMS is what is left of the window of a request over its limit: the
+	// RetryAfterMS is, for a denial that says when to retry (Retry), how long: the
 	// envelope's retry_after_ms and, in whole seconds (RetryAfterSeconds), retry-after.
 	RetryAfterMS int64
 	// RequestID is the denial's x-request-id, in its header and its envelope: the
@@ -166,23 +209,29 @@ func (v *Verdict) Allowed() bool { return v.Code == codes.OK }
 // RateLimited reports a denial for a request over its limit: 429 with retry-after.
 func (v *Verdict) RateLimited() bool { return v.Code == codes.ResourceExhausted }
 
+// Retry reports a denial that carries retry-after and retry_after_ms: over the limit,
+// or overloaded.
+func (v *Verdict) Retry() bool {
+	return v.Code == codes.ResourceExhausted || v.Code == codes.Unavailable
+}
+
 // RetryAfterSeconds is the retry-after header's value: RetryAfterMS in whole seconds,
 // rounded up, at least 1.
 func (v *Verdict) RetryAfterSeconds() int64 {
 	return limiter.Result{RetryAfterMS: v.RetryAfterMS}.RetryAfterSeconds()
 }
 
-// Details are the envelope's details: the retry delay of a rate-limited denial, else
+// Details are the envelope's details: the retry delay of a denial that has one, else
 // none ({}).
 func (v *Verdict) Details() *apierror.RateLimitDetails {
-	if !v.RateLimited() {
+	if !v.Retry() {
 		return nil
 	}
 	return &apierror.RateLimitDetails{RetryAfterMS: v.RetryAfterMS}
 }
 
-// The response headers of a denial, in order: retry-after (rate limited only),
-// content-type, x-request-id.
+// The response headers of a denial, in order: retry-after (Retry only), content-type,
+// x-request-id.
 const (
 	HeaderRetryAfter  = "retry-after"
 	HeaderContentType = "content-type"
@@ -210,6 +259,52 @@ func (v Verdict) Response() *authv3.CheckResponse {
 		}},
 	}
 }
+
+// admit takes a turn among the Checks in flight, waiting within the budget.
+func (s *Server) admit(ctx context.Context, start time.Time) bool {
+	select {
+	case s.slots <- struct{}{}:
+		return true
+	default:
+	}
+	until := start.Add(defaultBudget)
+	if d, ok := ctx.Deadline(); ok {
+		until = d.Add(-max(minAnswerMargin, d.Sub(start)/5))
+	}
+	until = until.Add(-s.longest)
+	wait := time.Until(until)
+	if wait <= 0 {
+		return false
+	}
+	t := time.NewTimer(wait)
+	defer t.Stop()
+	select {
+	case s.slots <- struct{}{}:
+		return true
+	case <-t.C:
+		return false
+	case <-ctx.Done():
+		return false
+	}
+}
+
+// overloaded is the fast decision of a Check that got no turn: requests on routes that
+// are not limited are allowed, as they would be; the others are denied with 503
+// unavailable and retry-after, so that an overloaded sidecar neither lets limited
+// traffic through unchecked nor counts it.
+func (s *Server) overloaded(r Request) Verdict {
+	if route, _, ok := s.table.Match(r.Method, r.Path); !ok || route.Core {
+		s.none.Inc()
+		return Verdict{}
+	}
+	v := deny(Overloaded, codes.Unavailable, r.Header(HeaderRequestID))
+	v.RetryAfterMS = 1000
+	return v
+}
+
+// Overloaded is the answer to a request on a limited route that an overloaded sidecar
+// had no time to decide on.
+var Overloaded = apierror.Unavailable.WithMessage("The service is overloaded. Please try again shortly.")
 
 // RequestOf reads the parts of a CheckRequest that a decision reads, as Check reads them.
 func RequestOf(req *authv3.CheckRequest) Request {
@@ -251,7 +346,11 @@ func (s *Server) decide(req Request) Verdict {
 		if id.Src == token.SrcPublishable && st.publishable.name != "" {
 			c = &st.publishable
 		}
-		res := s.limiter.Check(limiter.Key{Bucket: c.id, ID: id.ID}, 1, s.limit(c, id.TenantID))
+		k := limiter.Key{Bucket: c.id, ID: id.ID}
+		res := s.limiter.Check(k, 1, s.limit(c, id.TenantID))
+		if s.traffic != nil {
+			s.traffic.Note(k, res)
+		}
 		if !res.Allowed {
 			c.metrics.Denied.Inc()
 			c.metrics.Exceeded.Inc()

@@ -48,7 +48,7 @@ func typicalRateLimit(tb testing.TB, i int) []byte {
 func answerCheck(a Authorizer, b []byte) error {
 	c := newCheckCall()
 	c.decode(b)
-	v, err := c.decide(a)
+	v, err := c.decide(context.Background(), a)
 	if err != nil {
 		return err
 	}

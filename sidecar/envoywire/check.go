@@ -18,7 +18,7 @@ import (
 
 // Authorizer decides Check requests: *authz.Server.
 type Authorizer interface {
-	Verdict(authz.Request) authz.Verdict
+	Verdict(context.Context, authz.Request) authz.Verdict
 }
 
 // CheckMethod is the full name of Authorization/Check.
@@ -282,23 +282,23 @@ func checkHandler(srv any, ctx context.Context, dec func(any) error, interceptor
 	}
 	a := srv.(Authorizer)
 	if interceptor == nil {
-		return c.decide(a)
+		return c.decide(ctx, a)
 	}
 	info := &grpc.UnaryServerInfo{Server: srv, FullMethod: CheckMethod}
-	return interceptor(ctx, c, info, func(_ context.Context, req any) (any, error) {
-		return req.(*checkCall).decide(a)
+	return interceptor(ctx, c, info, func(ctx context.Context, req any) (any, error) {
+		return req.(*checkCall).decide(ctx, a)
 	})
 }
 
 // errMalformedCheck answers a CheckRequest proto.Unmarshal refuses.
 var errMalformedCheck = status.Error(codes.InvalidArgument, "the CheckRequest is not valid protobuf wire format")
 
-func (c *checkCall) decide(a Authorizer) (any, error) {
+func (c *checkCall) decide(ctx context.Context, a Authorizer) (any, error) {
 	if c.malformed {
 		c.release()
 		return nil, errMalformedCheck
 	}
-	c.verdict = a.Verdict(c.req)
+	c.verdict = a.Verdict(ctx, c.req)
 	return c, nil
 }
 
@@ -314,7 +314,7 @@ func init() { allowBytes = protowire.AppendVarint(allowBytes, 0) }
 //	status {code, message: the envelope's code}
 //	denied_response {
 //	  status {code: the HTTP status}
-//	  headers {header {key: "retry-after", value}, append_action: OVERWRITE_IF_EXISTS_OR_ADD} (rate limited)
+//	  headers {header {key: "retry-after", value}, append_action: OVERWRITE_IF_EXISTS_OR_ADD} (rate limited or overloaded)
 //	  headers {header {key: "content-type", value: "application/json"}, append_action: …}
 //	  headers {header {key: "x-request-id", value}, append_action: …}
 //	  body: the envelope
@@ -328,7 +328,7 @@ func (c *checkCall) encode() {
 	}
 	var digits [20]byte
 	retry := digits[:0]
-	if v.RateLimited() {
+	if v.Retry() {
 		retry = strconv.AppendInt(retry, v.RetryAfterSeconds(), 10)
 	}
 	c.body = v.Denial.AppendBody(c.body[:0], v.Details(), v.RequestID)

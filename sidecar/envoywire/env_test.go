@@ -161,7 +161,7 @@ func checkWire(a Authorizer, b []byte) (req authz.Request, headers map[string]st
 		}
 		req = authz.Request{Method: strings.Clone(req.Method), Path: strings.Clone(req.Path), Source: strings.Clone(req.Source)}
 	}
-	v, err := c.decide(a)
+	v, err := c.decide(context.Background(), a)
 	if err != nil {
 		return req, headers, nil, err
 	}
