@@ -20,8 +20,10 @@ type hotKeys struct {
 	floor      atomic.Uint32
 	floorUntil atomic.Int64
 
-	mu   sync.Mutex
-	keys map[string]candidate
+	mu sync.Mutex
+	// keys holds pointers, updated in place: assigning to a map entry would replace its
+	// key with the caller's string, which may be a view of a buffer the caller reuses.
+	keys map[string]*candidate
 }
 
 type candidate struct {
@@ -35,8 +37,8 @@ type candidateCopy struct {
 	limit limiter.Limit
 }
 
-// offer proposes id with count hits in the window ending at end. On the hot path (try)
-// it gives up when another caller holds the table: the key is offered again at its
+// offer proposes id with count hits in the window ending at end; id need only live for
+// the call. On the hot path (try) it gives up when another caller holds the table: the key is offered again at its
 // next power of two.
 func (h *hotKeys) offer(id string, count uint32, lim limiter.Limit, end, now int64, try bool) {
 	if count <= h.floor.Load() && end <= h.floorUntil.Load() {
@@ -51,14 +53,14 @@ func (h *hotKeys) offer(id string, count uint32, lim limiter.Limit, end, now int
 	}
 	defer h.mu.Unlock()
 	if h.keys == nil {
-		h.keys = make(map[string]candidate, 64)
+		h.keys = make(map[string]*candidate, 64)
 	}
 	if c, ok := h.keys[id]; ok {
 		if end > c.endMS || (end == c.endMS && count > c.count) {
 			if lim.Count == 0 {
 				lim = c.limit
 			}
-			h.keys[id] = candidate{count, lim, end}
+			*c = candidate{count, lim, end}
 		}
 		return
 	}
@@ -75,7 +77,7 @@ func (h *hotKeys) offer(id string, count uint32, lim limiter.Limit, end, now int
 			delete(h.keys, victim)
 		}
 	}
-	h.keys[strings.Clone(id)] = candidate{count, lim, end}
+	h.keys[strings.Clone(id)] = &candidate{count, lim, end}
 	h.refloorLocked()
 }
 

@@ -2,11 +2,13 @@ package traffic
 
 import (
 	"fmt"
+	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
+	"unsafe"
 
 	"github.com/converger/edge/sidecar/limiter"
 )
@@ -351,5 +353,34 @@ func BenchmarkLimiterCheck(b *testing.B) {
 				}
 			})
 		})
+	}
+}
+
+// The hot path passes ids that are views of a buffer it reuses (authz builds them in a
+// pooled buffer): the table of busy keys keeps its own copies, also when a key it holds
+// is offered again.
+func TestBusiestKeepsNoCallerBytes(t *testing.T) {
+	r, lim, _ := newRecorder(t, false)
+	l := limiter.Limit{Count: 100, Window: time.Minute}
+	buf := make([]byte, 0, 64)
+	names := []string{"ip:192.0.2.1", "ip:192.0.2.2"}
+	for range 4 {
+		for _, name := range names {
+			buf = append(buf[:0], name...)
+			k := limiter.Key{Bucket: lim.Bucket("inbound"), ID: unsafe.String(&buf[0], len(buf))}
+			check(r, lim, k, l)
+			for i := range buf {
+				buf[i] = 'x' // the caller reuses its buffer
+			}
+		}
+	}
+	got := r.Busiest(10, nil)
+	if len(got) != 1 || len(got[0].Keys) != 2 {
+		t.Fatalf("busiest %+v, want both keys of inbound", got)
+	}
+	for i, k := range got[0].Keys {
+		if k.Count != 4 || !slices.Contains(names, k.ID) {
+			t.Errorf("key %d: %q with %d hits, want one of %v with 4", i, k.ID, k.Count, names)
+		}
 	}
 }
