@@ -5,6 +5,7 @@ package cluster
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -73,6 +74,7 @@ type Cluster struct {
 	lim    *limiter.Limiter
 	ml     *memberlist.Memberlist
 	origin string
+	rep    *replicator
 	slots  *slots
 	m      *metrics
 	log    *slog.Logger
@@ -82,7 +84,6 @@ type Cluster struct {
 	stop         chan struct{}
 	wg           sync.WaitGroup
 	stopOnce     sync.Once
-	resend       []limiter.Key // sent in the last flush, sent once more in the next
 
 	membersMu sync.Mutex
 	members   map[string]memberlist.Node // live members, copied in the events
@@ -124,7 +125,8 @@ func Start(cfg Config, lim *limiter.Limiter) (*Cluster, error) {
 		gone:    map[string]struct{}{},
 		members: map[string]memberlist.Node{},
 	}
-	c.slots = newSlots(lim, c.origin)
+	c.rep = newReplicator(lim, c.origin, cfg.ShareMode)
+	c.slots = c.rep.slots
 	c.m = newMetrics(cfg.Registry, c.newestAge)
 
 	mc := memberlist.DefaultLANConfig()
@@ -356,69 +358,67 @@ func (c *Cluster) syncLoop() {
 }
 
 func (c *Cluster) flush(now int64) {
-	p := newPacker(now, c.origin, maxPacket)
-	sent := make(map[limiter.Key]struct{})
-	var keys []limiter.Key
-	add := func(k limiter.Key, s limiter.Snapshot) {
-		if s.EndMS <= now || s.Own == 0 {
-			return
-		}
-		if _, dup := sent[k]; dup {
-			return
-		}
-		sent[k] = struct{}{}
-		keys = append(keys, k)
-		p.add(value{bucket: c.lim.BucketName(k.Bucket), id: k.ID, sizeMS: s.SizeMS, endMS: s.EndMS, count: s.Own})
+	res := c.rep.flush(c.shareEnv(now))
+	if len(res.values) > 0 {
+		c.m.keysPerFlush.Observe(float64(len(res.values)))
 	}
-	c.lim.DrainChanged(add)
-	changed := len(keys)
-	for _, k := range c.resend {
-		if s, ok := c.lim.Lookup(k); ok {
-			add(k, s)
-		}
-	}
-	c.resend = keys[:changed]
-	msgs := p.messages()
-	if len(keys) > 0 {
-		c.m.keysPerFlush.Observe(float64(len(keys)))
-	}
-
-	if len(msgs) > 0 {
-		for _, n := range c.peers() {
-			for _, msg := range msgs {
-				if err := c.ml.SendBestEffort(&n, msg); err != nil {
-					c.m.sendErrors.Inc()
-					continue
-				}
-				c.m.messages.WithLabelValues("sent").Inc()
-				c.m.bytes.WithLabelValues("sent").Add(float64(len(msg)))
-			}
-		}
-	}
-
-	touched := c.slots.tick(now)
 	if c.cfg.ShareMode {
-		for _, k := range keys[:changed] {
-			touched[k] = struct{}{}
+		c.m.capped.Add(float64(res.capped))
+	}
+	if len(res.values) == 0 {
+		return
+	}
+	// Version 2 to the members that announce it, version 1 to the others.
+	msgs := map[byte][][]byte{}
+	for _, n := range c.peers() {
+		ver := version1
+		if len(n.Meta) > 0 && n.Meta[0] >= version2 {
+			ver = version2
 		}
-		c.m.capped.Add(float64(c.slots.shareTick(touched, now)))
+		if msgs[ver] == nil {
+			p := newPacker(now, c.origin, maxPacket)
+			if ver == version2 {
+				p = newPacker2(now, c.origin, maxPacket)
+			}
+			for _, v := range res.values {
+				p.add(v)
+			}
+			msgs[ver] = p.messages()
+		}
+		for _, msg := range msgs[ver] {
+			if err := c.ml.SendBestEffort(&n, msg); err != nil {
+				c.m.sendErrors.Inc()
+				continue
+			}
+			c.m.messages.WithLabelValues("sent").Inc()
+			c.m.bytes.WithLabelValues("sent").Add(float64(len(msg)))
+		}
 	}
 }
 
-// receive merges a sync message or one message of a state transfer.
-func (c *Cluster) receive(m message) (dropped int) {
-	now := c.nowMS()
+// shareEnv is share mode's view of the membership at time now.
+func (c *Cluster) shareEnv(now int64) shareEnv {
+	c.membersMu.Lock()
+	live := make(map[string]bool, len(c.members))
+	for name := range c.members {
+		live[name] = name != c.cfg.NodeName
+	}
+	c.membersMu.Unlock()
+	return shareEnv{
+		now: now, intervalMS: max(c.cfg.SyncInterval.Milliseconds(), 1),
+		live: func(name string) bool { return live[name] }, members: max(len(live), 1),
+	}
+}
+
+// receive merges a sync message (direct) or one message of a state transfer.
+func (c *Cluster) receive(m message, direct bool) (dropped int) {
 	if m.origin == c.origin {
 		return 0
 	}
 	if m.sentAt > c.newestSentAt.Load() {
 		c.newestSentAt.Store(m.sentAt)
 	}
-	for _, v := range m.values {
-		if c.slots.merge(m.origin, v, now) == stale {
-			dropped++
-		}
-	}
+	dropped = c.rep.receive(m, direct, c.nowMS())
 	c.m.stale.Add(float64(dropped))
 	return dropped
 }
@@ -457,7 +457,8 @@ func (c *Cluster) Debug(bucket, key string) DebugCounter {
 // delegate is the Cluster as memberlist's Delegate.
 type delegate Cluster
 
-func (d *delegate) NodeMeta(int) []byte             { return nil }
+// NodeMeta announces the newest sync message version this node reads.
+func (d *delegate) NodeMeta(int) []byte             { return []byte{version} }
 func (d *delegate) GetBroadcasts(int, int) [][]byte { return nil }
 func (d *delegate) c() *Cluster                     { return (*Cluster)(d) }
 func (d *delegate) NotifyMsg(b []byte) {
@@ -470,7 +471,7 @@ func (d *delegate) NotifyMsg(b []byte) {
 	c.m.messages.WithLabelValues("received").Inc()
 	c.m.bytes.WithLabelValues("received").Add(float64(len(b)))
 	c.m.mergeLag.Observe(float64(max(c.nowMS()-m.sentAt, 0)) / 1000)
-	c.receive(m)
+	c.receive(m, true)
 }
 
 // LocalState is this node's whole view for a state transfer: its own counts and every
@@ -496,11 +497,11 @@ func (d *delegate) LocalState(join bool) []byte {
 	}
 	c.lim.Each(func(k limiter.Key, s limiter.Snapshot) {
 		if s.Own > 0 {
-			add(c.origin, value{c.lim.BucketName(k.Bucket), k.ID, s.SizeMS, s.EndMS, s.Own})
+			add(c.origin, value{bucket: c.lim.BucketName(k.Bucket), id: k.ID, sizeMS: s.SizeMS, endMS: s.EndMS, count: s.Own})
 		}
 	})
 	c.slots.each(now, func(origin string, k limiter.Key, sl slot) {
-		add(origin, value{c.lim.BucketName(k.Bucket), k.ID, sl.sizeMS, sl.endMS, sl.count})
+		add(origin, value{bucket: c.lim.BucketName(k.Bucket), id: k.ID, sizeMS: sl.sizeMS, endMS: sl.endMS, count: sl.count})
 	})
 	var state []byte
 	for _, p := range packers {
@@ -527,7 +528,7 @@ func (d *delegate) MergeRemoteState(b []byte, join bool) {
 	c.m.transferBytes.WithLabelValues("received").Add(float64(len(b)))
 	values := 0
 	for _, m := range msgs {
-		c.receive(m)
+		c.receive(m, false)
 		values += len(m.values)
 	}
 	if join {
@@ -556,7 +557,7 @@ func (e *events) NotifyJoin(n *memberlist.Node) {
 	c.m.members.Add(1)
 	c.log.Info("member joined", "member", n.Name, "addr", n.Address())
 	c.membersMu.Lock()
-	c.members[n.Name] = *n
+	c.members[n.Name] = copyNode(n)
 	_, back := c.gone[n.Name]
 	delete(c.gone, n.Name)
 	c.membersMu.Unlock()
@@ -593,9 +594,16 @@ func (e *events) NotifyUpdate(n *memberlist.Node) {
 	c := (*Cluster)(e)
 	c.membersMu.Lock()
 	if _, ok := c.members[n.Name]; ok {
-		c.members[n.Name] = *n
+		c.members[n.Name] = copyNode(n)
 	}
 	c.membersMu.Unlock()
+}
+
+// copyNode copies a member, with its metadata.
+func copyNode(n *memberlist.Node) memberlist.Node {
+	cp := *n
+	cp.Meta = bytes.Clone(n.Meta)
+	return cp
 }
 
 // logWriter turns memberlist's log lines into structured logs: errors and warnings at
