@@ -425,16 +425,21 @@ func (c *Cluster) receive(m message, direct bool) (dropped int) {
 
 // DebugCounter is what the debug endpoint shows of one counter.
 type DebugCounter struct {
-	Bucket      string     `json:"bucket"`
-	Key         string     `json:"key"`
-	Origin      string     `json:"origin"`
-	Own         uint32     `json:"own"`
-	Remote      uint32     `json:"remote"`
-	Limit       uint32     `json:"limit"`
-	WindowMS    int64      `json:"window_ms"`
-	WindowEndMS int64      `json:"window_end_ms"`
-	Slots       []SlotView `json:"slots"`
-	Members     []string   `json:"members"`
+	Bucket      string `json:"bucket"`
+	Key         string `json:"key"`
+	Origin      string `json:"origin"`
+	Own         uint32 `json:"own"`
+	Remote      uint32 `json:"remote"`
+	Limit       uint32 `json:"limit"`
+	WindowMS    int64  `json:"window_ms"`
+	WindowEndMS int64  `json:"window_end_ms"`
+	// Share mode: the hits this node's bound refused in the window, and its bounds in
+	// the window and the next (absent: none).
+	Refused   uint32     `json:"refused"`
+	Bound     *uint32    `json:"share_bound,omitempty"`
+	NextBound *uint32    `json:"share_bound_next,omitempty"`
+	Slots     []SlotView `json:"slots"`
+	Members   []string   `json:"members"`
 }
 
 // Debug returns one counter's state: this node's count and every remote slot.
@@ -446,7 +451,13 @@ func (c *Cluster) Debug(bucket, key string) DebugCounter {
 	}
 	k := limiter.Key{Bucket: b, ID: key}
 	if s, ok := c.lim.Lookup(k); ok {
-		d.Own, d.Remote, d.Limit, d.WindowMS, d.WindowEndMS = s.Own, s.Remote, s.Limit, s.SizeMS, s.EndMS
+		d.Own, d.Remote, d.Limit, d.WindowMS, d.WindowEndMS, d.Refused = s.Own, s.Remote, s.Limit, s.SizeMS, s.EndMS, s.Refused
+		if b, ok := c.lim.CapIn(k, s.SizeMS, s.EndMS); ok {
+			d.Bound = &b
+		}
+		if b, ok := c.lim.CapIn(k, s.SizeMS, s.EndMS+s.SizeMS); ok {
+			d.NextBound = &b
+		}
 	}
 	if v := c.slots.view(k); v != nil {
 		d.Slots = v

@@ -418,16 +418,23 @@ func (s *slots) view(k limiter.Key) []SlotView {
 	var out []SlotView
 	if ks := s.keys[k]; ks != nil {
 		for _, sl := range ks.slots {
-			out = append(out, SlotView{Origin: s.names[sl.origin], WindowMS: sl.sizeMS, WindowEndMS: sl.endMS, Count: sl.count})
+			v := SlotView{Origin: s.names[sl.origin], WindowMS: sl.sizeMS, WindowEndMS: sl.endMS, Count: sl.count, Refused: sl.refused}
+			if sl.capped {
+				v.Bound = &sl.cap
+			}
+			out = append(out, v)
 		}
 	}
 	return out
 }
 
-// SlotView is one remote origin's slot of a counter.
+// SlotView is one remote origin's slot of a counter, with what share mode knows of it:
+// the hits its bound refused, and its bound (absent: none, or not known).
 type SlotView struct {
-	Origin      string `json:"origin"`
-	WindowMS    int64  `json:"window_ms"`
-	WindowEndMS int64  `json:"window_end_ms"`
-	Count       uint32 `json:"count"`
+	Origin      string  `json:"origin"`
+	WindowMS    int64   `json:"window_ms"`
+	WindowEndMS int64   `json:"window_end_ms"`
+	Count       uint32  `json:"count"`
+	Refused     uint32  `json:"refused"`
+	Bound       *uint32 `json:"share_bound,omitempty"`
 }
