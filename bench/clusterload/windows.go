@@ -41,12 +41,14 @@ func FullWindows(fromMS, toMS, windowMS int64) (first, end int64) {
 }
 
 // Window is what one window got: checks sent in it, and their outcomes, in total and per
-// node; and whether the load missed its plan in it (see MarkDisturbed).
+// node; when its last check was sent, from its start (for a burst, how long the burst
+// took to send); and whether the load missed its plan in it (see MarkDisturbed).
 type Window struct {
 	Index                       int64
 	Sent, Allowed, Limited, Err int
 	Late                        int
 	AllowedByNode               []int
+	LastNS                      int64
 	Disturbed                   bool
 }
 
@@ -68,6 +70,7 @@ func Tally(sends []Send, windowMS, first, end int64, nodes int) []Window {
 		}
 		win := &ws[w-first]
 		win.Sent++
+		win.LastNS = max(win.LastNS, s.AtNS-w*windowMS*1e6)
 		if s.Late {
 			win.Late++
 		}
@@ -98,12 +101,14 @@ func floorDiv(a, b int64) int64 {
 // more than 1% of their checks went out late, or they got more than 2% more or fewer
 // checks than planned. On a shared machine a stall of a few hundred milliseconds (other
 // processes, the kernel) holds the pacer back and then lets it catch up in a burst:
-// such a window measures the stall, not the cluster.
-func MarkDisturbed(ws []Window, planned float64) int {
+// such a window measures the stall, not the cluster. Lateness does not count in a
+// burst, which is sent as fast as it goes.
+func MarkDisturbed(ws []Window, planned float64, burst bool) int {
 	n := 0
 	for i := range ws {
 		w := &ws[i]
-		w.Disturbed = float64(w.Late) > 0.01*float64(w.Sent) || math.Abs(float64(w.Sent)-planned) > 0.02*planned
+		late := !burst && float64(w.Late) > 0.01*float64(w.Sent)
+		w.Disturbed = late || math.Abs(float64(w.Sent)-planned) > 0.02*planned
 		if w.Disturbed {
 			n++
 		}
@@ -269,5 +274,10 @@ func Merge(rs []Result, limit int) Result {
 		t.MergeLagMS += m.MergeLagMS / k
 	}
 	out.Allowed = AllowedStats(out.Windows, limit)
+	out.SentRate = 0
+	for _, r := range rs {
+		out.SentRate += r.SentRate / k
+	}
+	out.SpanMedian, out.SpanMax = spans(out.Windows)
 	return out
 }
