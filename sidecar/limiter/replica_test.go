@@ -237,21 +237,27 @@ func TestDrainChanged(t *testing.T) {
 }
 
 // BenchmarkCheckReplicated compares the hot path of a replicated limiter, drained as
-// the sync loop drains it, with a local one, in the same run.
+// the sync loop drains it, with a local one, in the same run; and the path of a check
+// that share mode's bound refuses (noted as refused, the counter listed for the sync).
 func BenchmarkCheckReplicated(b *testing.B) {
 	for _, mode := range []struct {
 		name       string
 		replicated bool
-	}{{"local", false}, {"replicated", true}} {
+		capped     bool // every check refused by a share-mode bound
+	}{{"local", false, false}, {"replicated", true, false}, {"replicated-refused", true, true}} {
 		b.Run(mode.name, func(b *testing.B) {
 			l := New(Options{Replicated: mode.replicated})
 			bk := l.Bucket("activity_create")
 			keys := make([]Key, 10_000)
+			const hour = 3_600_000
 			for i := range keys {
 				keys[i] = Key{bk, fmt.Sprintf("%08x-0000-4000-8000-%012x", i, i)}
-				l.SetRemote(keys[i], 1000, (l.NowMS()/1000+1)*1000, 1)
+				l.SetRemote(keys[i], hour, (l.NowMS()/hour+1)*hour, 1)
+				if mode.capped {
+					l.SetCap(keys[i], hour, (l.NowMS()/hour+1)*hour, 0)
+				}
 			}
-			lim := Limit{Count: 1 << 30, Window: time.Second}
+			lim := Limit{Count: 1 << 30, Window: time.Hour}
 			stop := make(chan struct{})
 			done := make(chan struct{})
 			go func() {
