@@ -159,6 +159,29 @@ func TestUsable(t *testing.T) {
 	}
 }
 
+// TestKeptOf: when no attempt was usable, the windows kept by those during which every
+// node saw the others are pooled; an attempt during which one lost sight of another is
+// left out, and with only one attempt left the last is kept as it is.
+func TestKeptOf(t *testing.T) {
+	const limit = 100
+	attempt := func(members, retries int, allowed ...int) Result {
+		r := Result{Nodes: 3, Members: members, Retries: retries}
+		for i, a := range allowed {
+			r.Windows = append(r.Windows, Window{Index: int64(10*retries + i), Allowed: a, Disturbed: a == 0})
+		}
+		r.Allowed = AllowedStats(r.Windows, limit)
+		return r
+	}
+	got := keptOf([]Result{attempt(3, 0, 0, 101, 0), attempt(2, 1, 150, 150, 150), attempt(3, 2, 0, 0, 103)}, limit)
+	if got.Allowed.Windows != 2 || !near(got.Allowed.Max, 1.03) || !near(got.Allowed.Min, 1.01) || got.Retries != 2 {
+		t.Errorf("pooled: %+v, retries %d; want 2 windows, max 1.03, min 1.01 (the attempt without every member left out), retries 2", got.Allowed, got.Retries)
+	}
+	got = keptOf([]Result{attempt(2, 0, 150, 150), attempt(3, 1, 0, 102)}, limit)
+	if got.Allowed.Windows != 1 || !near(got.Allowed.Max, 1.02) || got.Retries != 1 {
+		t.Errorf("one attempt with every member: %+v, retries %d; want the last as it is", got.Allowed, got.Retries)
+	}
+}
+
 func TestCPULoad(t *testing.T) {
 	t0 := time.Unix(100, 0)
 	a := cpuSample{at: t0, self: time.Second, machine: 10 * time.Second, nodes: []time.Duration{time.Second, 2 * time.Second}, ok: true}

@@ -287,6 +287,7 @@ func (r *runner) onCluster(ctx context.Context, n, syncMS int, share bool, steps
 	r.rep.ClusterStart = max(r.rep.ClusterStart, c.started)
 	var out []Result
 	for _, step := range steps {
+		var tries []Result
 		for attempt := 0; ; attempt++ {
 			res, err := step(c)
 			if err != nil {
@@ -297,7 +298,16 @@ func (r *runner) onCluster(ctx context.Context, n, syncMS int, share bool, steps
 			}
 			res.Retries = attempt
 			r.logf("%s", res.progress(r.cfg.Limit))
-			if res.usable(r.cfg.Windows) || attempt == maxRetries {
+			tries = append(tries, res)
+			if res.usable(r.cfg.Windows) {
+				out = append(out, res)
+				break
+			}
+			if attempt == maxRetries {
+				res = keptOf(tries, r.cfg.Limit)
+				if res.Allowed.Windows > tries[len(tries)-1].Allowed.Windows {
+					r.logf("  no attempt usable: %d windows kept by the attempts pooled", res.Allowed.Windows)
+				}
 				out = append(out, res)
 				break
 			}
@@ -309,6 +319,25 @@ func (r *runner) onCluster(ctx context.Context, n, syncMS int, share bool, steps
 		}
 	}
 	return out, nil
+}
+
+// keptOf is what is kept of a load none of whose attempts was usable: on a busy machine
+// each may keep only a window or two, so the windows kept by every attempt during which
+// the nodes saw each other are pooled; with fewer than two such, the last attempt.
+func keptOf(attempts []Result, limit int) Result {
+	last := attempts[len(attempts)-1]
+	var full []Result
+	for _, a := range attempts {
+		if a.Members >= a.Nodes {
+			full = append(full, a)
+		}
+	}
+	if len(full) < 2 {
+		return last
+	}
+	res := Merge(full, limit)
+	res.Retries = last.Retries
+	return res
 }
 
 // maxRetries bounds the loads measured again after a disturbance.
