@@ -48,7 +48,7 @@ type Config struct {
 	SecretKey []byte
 	// SyncInterval is how often changed counters are sent to the other nodes.
 	SyncInterval time.Duration
-	// ShareMode bounds each node to its share of a nearly used-up budget.
+	// ShareMode divides each counter's limit among the nodes counting it (share.go).
 	ShareMode bool
 	// PushPullInterval is how often memberlist exchanges full state with a random peer
 	// (30 s when zero).
