@@ -50,15 +50,15 @@ func TestFullWindows(t *testing.T) {
 func TestTally(t *testing.T) {
 	ms := int64(time.Millisecond)
 	sends := []Send{
-		{AtNS: 1999*ms + 999_999, Node: 0, Outcome: Allowed}, // window 1, its last nanosecond: before the range
-		{AtNS: 2000 * ms, Node: 0, Outcome: Allowed},         // window 2, its first nanosecond
-		{AtNS: 2500 * ms, Node: 1, Outcome: Allowed, Late: true},
-		{AtNS: 2600 * ms, Node: 2, Outcome: RateLimited},
-		{AtNS: 2999 * ms, Node: 1, Outcome: Other},
-		{AtNS: 3000 * ms, Node: 1, Outcome: Allowed}, // window 3
-		{AtNS: 3100 * ms, Node: 9, Outcome: Allowed}, // a node out of range counts in the total only
-		{AtNS: 5000 * ms, Node: 0, Outcome: Allowed}, // window 5: after the range
-		{AtNS: 4500 * ms, Node: 0, Outcome: Pending}, // window 4: unanswered counts as an error
+		{AtNS: 1999*ms + 999_999, Node: 0, Outcome: Allowed},                        // window 1, its last nanosecond: before the range
+		{AtNS: 2000 * ms, Node: 0, Outcome: Allowed},                                // window 2, its first nanosecond
+		{AtNS: 2500 * ms, DoneNS: 3001 * ms, Node: 1, Outcome: Allowed, Late: true}, // answered after the end: straddled
+		{AtNS: 2600 * ms, DoneNS: 2999 * ms, Node: 2, Outcome: RateLimited},
+		{AtNS: 2999 * ms, DoneNS: 3010 * ms, Node: 1, Outcome: Other}, // sent within the margin of the end
+		{AtNS: 3000 * ms, Node: 1, Outcome: Allowed},                  // window 3
+		{AtNS: 3100 * ms, Node: 9, Outcome: Allowed},                  // a node out of range counts in the total only
+		{AtNS: 5000 * ms, Node: 0, Outcome: Allowed},                  // window 5: after the range
+		{AtNS: 4500 * ms, Node: 0, Outcome: Pending},                  // window 4: unanswered counts as an error
 	}
 	ws := Tally(sends, 1000, 2, 5, 3)
 	if len(ws) != 3 {
@@ -71,13 +71,13 @@ func TestTally(t *testing.T) {
 		}
 	}
 	want := []Window{
-		{Index: 2, Sent: 4, Allowed: 2, Limited: 1, Err: 1, Late: 1, AllowedByNode: []int{1, 1, 0}},
+		{Index: 2, Sent: 4, Allowed: 2, Limited: 1, Err: 1, Late: 1, Straddled: 1, AllowedByNode: []int{1, 1, 0}},
 		{Index: 3, Sent: 2, Allowed: 2, AllowedByNode: []int{0, 1, 0}},
 		{Index: 4, Sent: 1, Err: 1, AllowedByNode: []int{0, 0, 0}},
 	}
 	for i, w := range want {
 		g := ws[i]
-		if g.Index != w.Index || g.Sent != w.Sent || g.Allowed != w.Allowed || g.Limited != w.Limited || g.Err != w.Err || g.Late != w.Late || !slices.Equal(g.AllowedByNode, w.AllowedByNode) {
+		if g.Index != w.Index || g.Sent != w.Sent || g.Allowed != w.Allowed || g.Limited != w.Limited || g.Err != w.Err || g.Late != w.Late || g.Straddled != w.Straddled || !slices.Equal(g.AllowedByNode, w.AllowedByNode) {
 			t.Errorf("window %d = %+v, want %+v", i, g, w)
 		}
 	}
@@ -128,6 +128,11 @@ func TestMarkDisturbed(t *testing.T) {
 	ws[2].Late = 0
 	if n := MarkDisturbed(ws, 3000, false); n != 3 || ws[2].Disturbed {
 		t.Errorf("marking again: %d disturbed, window 2 %v", n, ws[2].Disturbed)
+	}
+	// A check answered after its window ended disturbs its window and the next.
+	straddled := []Window{{Sent: 3000}, {Sent: 3000, Straddled: 1}, {Sent: 3000}, {Sent: 3000}}
+	if n := MarkDisturbed(straddled, 3000, true); n != 2 || straddled[0].Disturbed || !straddled[1].Disturbed || !straddled[2].Disturbed || straddled[3].Disturbed {
+		t.Errorf("a straddled window: %d disturbed, want it and the next: %+v", n, straddled)
 	}
 	// A burst goes out as fast as it can: late checks do not disturb it, a wrong count does.
 	ws[2].Late = 3000

@@ -201,6 +201,7 @@ func (l loadSpec) run(ctx context.Context, c *cluster) (*loadResult, error) {
 					defer cancel()
 					var reply rawcheck.Reply
 					err := conn.Invoke(cctx, rawcheck.Method, &reqs[key], &reply)
+					sends[k].DoneNS = time.Now().UnixNano()
 					switch {
 					case err != nil:
 						sends[k].Outcome = Other
