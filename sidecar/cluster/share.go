@@ -107,7 +107,7 @@ func (n shareNode) held() int64 {
 // rate is the node's demand per millisecond, projected from its values at time at:
 // the demand of the last window's length (the window before weighted by the part of it
 // still within that length), or, when faster, the current window's demand over the
-// time it took (at least minRateSpan intervals).
+// time it took (at least a millisecond).
 func (v shareView) rate(n shareNode) float64 {
 	elapsed := min(max(n.at-v.startMS, 0), v.sizeMS)
 	e := float64(elapsed) / float64(v.sizeMS)
