@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"net"
 	"os"
 	"path/filepath"
@@ -13,6 +14,7 @@ import (
 
 	"github.com/compose-spec/compose-go/v2/loader"
 	"github.com/compose-spec/compose-go/v2/types"
+	bootstrapv3 "github.com/envoyproxy/go-control-plane/envoy/config/bootstrap/v3"
 
 	"github.com/converger/edge/envoy"
 )
@@ -21,8 +23,9 @@ const composeFile = "../docker-compose.yml"
 
 // loadCompose parses a compose file (content; the file's name for messages) in the
 // repository root, under the compose specification's schema, with environ as the
-// interpolation environment.
+// interpolation environment (not changed).
 func loadCompose(content []byte, environ map[string]string) (*types.Project, error) {
+	environ = maps.Clone(environ)
 	root, err := filepath.Abs("..")
 	if err != nil {
 		return nil, err
@@ -35,14 +38,14 @@ func loadCompose(content []byte, environ map[string]string) (*types.Project, err
 }
 
 // checkCompose checks a compose project against the Dockerfile, the binaries' config code
-// and envoy.yaml, and returns every problem found. volumes maps named volumes to
-// directories standing in for them; services that write into one (the keys) are run.
-func checkCompose(p *types.Project, volumes map[string]string) []error {
-	var errs []error
+// and the Envoy bootstraps the services run, and returns every problem found, and how many
+// Envoys run the global rate limit filter. volumes maps named volumes to directories
+// standing in for them; services that write into one (the keys) are run.
+func checkCompose(p *types.Project, volumes map[string]string) (rlsEnvoys int, errs []error) {
 	fail := func(format string, a ...any) { errs = append(errs, fmt.Errorf(format, a...)) }
 	df, err := parseDockerfile("Dockerfile")
 	if err != nil {
-		return []error{err}
+		return 0, []error{err}
 	}
 
 	// Images, builds and mounts.
@@ -64,7 +67,7 @@ func checkCompose(p *types.Project, volumes map[string]string) []error {
 				fail("%s: build target %q is not a stage of deploy/Dockerfile", where, target)
 			}
 		}
-		c := &container{where: where, program: programOf(s.Image, target), env: map[string]string{}, mounts: map[string]string{}}
+		c := &container{where: where, program: programOf(s.Image, target), args: s.Command, env: map[string]string{}, mounts: map[string]string{}}
 		for k, v := range s.Environment {
 			if v != nil {
 				c.env[k] = *v
@@ -87,7 +90,6 @@ func checkCompose(p *types.Project, volumes map[string]string) []error {
 			}
 		}
 		if c.program != "" {
-			c.args = s.Command
 			if len(s.Entrypoint) > 0 {
 				fail("%s: overrides the entrypoint %v of the %s image", where, s.Entrypoint, c.program)
 			}
@@ -128,29 +130,35 @@ func checkCompose(p *types.Project, volumes map[string]string) []error {
 		}
 		pods[owner] = append(pods[owner], name)
 	}
-	bs, err := envoy.ReadBootstrap("../envoy/envoy.yaml")
-	if err != nil {
-		return append(errs, err)
-	}
-	listeners := envoy.ListenerPorts(bs)
 	cores, sidecars := 0, 0
 	for owner, members := range pods {
-		var envoys []string
+		// Envoy's bootstrap is one of envoy/, its upstreams are served in its namespace,
+		// its rate limit domains have rules in the sidecar there.
+		listeners := map[string]uint32{}
 		for _, m := range members {
-			if strings.HasPrefix(p.Services[m].Image, "envoyproxy/envoy:") {
-				envoys = append(envoys, m)
+			if !strings.HasPrefix(p.Services[m].Image, "envoyproxy/envoy:") {
+				continue
+			}
+			path, err := envoyConfigArg(containers[m].args)
+			var bs *bootstrapv3.Bootstrap
+			if err == nil {
+				bs, err = readEnvoyBootstrap(containers[m], path)
+			}
+			if err != nil {
+				fail("service %s: %v", m, err)
+				continue
+			}
+			for name, port := range envoy.ListenerPorts(bs) {
+				listeners[m+" "+name] = port
+			}
+			n, perrs := checkEnvoyPod("pod of "+owner, path, bs, containers, members)
+			errs = append(errs, perrs...)
+			if n > 0 {
+				rlsEnvoys++
 			}
 		}
-		if len(envoys) == 0 {
+		if len(listeners) == 0 {
 			continue
-		}
-		// Envoy's upstreams on 127.0.0.1 must be served in its namespace.
-		for _, cluster := range []string{"core", "sidecar_authz"} {
-			for _, ep := range envoy.ClusterEndpoints(bs, cluster) {
-				if !listensInPod(containers, members, ep) {
-					fail("pod of %s: envoy.yaml sends cluster %q to %s, which nothing in the namespace (%s) listens on", owner, cluster, ep, strings.Join(members, ", "))
-				}
-			}
 		}
 		// Published ports: Envoy's public listener, never its admin interface.
 		for _, port := range p.Services[owner].Ports {
@@ -199,7 +207,7 @@ func checkCompose(p *types.Project, volumes map[string]string) []error {
 			}
 		}
 	}
-	return errs
+	return rlsEnvoys, errs
 }
 
 func listenerOn(listeners map[string]uint32, port uint32) bool {
@@ -233,7 +241,7 @@ func listensInPod(containers map[string]*container, members []string, addr strin
 
 // addressVars are the variables that say where a program listens.
 var addressVars = map[string][]string{
-	"core":    {"CORE_ADDR"},
+	"core":    {"CORE_ADDR", "CORE_OPS_ADDR"},
 	"sidecar": {"SIDECAR_GRPC_ADDR", "SIDECAR_HTTP_ADDR", "CLUSTER_BIND_ADDR"},
 }
 
@@ -259,17 +267,28 @@ func volumeStandIns(t *testing.T, p *types.Project) map[string]string {
 	return out
 }
 
+// composeRLS is the documented switch to Envoy's global rate limits (docker-compose.yml).
+var composeRLS = map[string]string{"ENVOY_BOOTSTRAP": "envoy-ratelimit.yaml"}
+
 func TestComposeFile(t *testing.T) {
 	content, err := os.ReadFile(composeFile)
 	if err != nil {
 		t.Fatal(err)
 	}
-	p, err := loadCompose(content, map[string]string{})
-	if err != nil {
-		t.Fatalf("docker-compose.yml does not load under the compose specification: %v", err)
-	}
-	if errs := checkCompose(p, volumeStandIns(t, p)); len(errs) > 0 {
-		t.Fatalf("docker-compose.yml:\n%v", errors.Join(errs...))
+	// As shipped (ext_authz), and with the switch to the rate limit service's bootstrap.
+	for _, environ := range []map[string]string{{}, composeRLS} {
+		want := 3 * len(environ) // every Envoy with the switch, none without
+		p, err := loadCompose(content, environ)
+		if err != nil {
+			t.Fatalf("docker-compose.yml (%v) does not load under the compose specification: %v", environ, err)
+		}
+		rlsEnvoys, errs := checkCompose(p, volumeStandIns(t, p))
+		if len(errs) > 0 {
+			t.Fatalf("docker-compose.yml (%v):\n%v", environ, errors.Join(errs...))
+		}
+		if rlsEnvoys != want {
+			t.Errorf("docker-compose.yml (%v): %d Envoys run the global rate limit filter, want %d", environ, rlsEnvoys, want)
+		}
 	}
 	// The defaults are the only credential, and they say so.
 	if !strings.Contains(string(content), "${POSTGRES_PASSWORD:-development-only-password}") {
@@ -283,28 +302,44 @@ func TestComposeChecksFail(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// A copy of the rules with a mistake, for the sidecars' rule directory.
+	badRules := t.TempDir()
+	if err := os.WriteFile(filepath.Join(badRules, "edge.yaml"), []byte("domain: edge\ndescriptors:\n  - key: remote_address\n    rate_limit: {unit: fortnight, requests_per_unit: 5}\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
 	cases := []struct {
 		name     string
 		old, new string
+		environ  map[string]string
 		want     string
 	}{
-		{"a missing core service", "  core-1:\n    <<: *core\n    network_mode: service:envoy-1\n", "  core-1:\n    <<: *core\n    network_mode: service:envoy-1\n    profiles: [never]\n",
+		{"a missing core service", "  core-1:\n    <<: *core\n    network_mode: service:envoy-1\n", "  core-1:\n    <<: *core\n    network_mode: service:envoy-1\n    profiles: [never]\n", nil,
 			`sends cluster "core" to 127.0.0.1:8080, which nothing in the namespace`},
-		{"an unknown variable", "      CLUSTER_NODE_NAME: sidecar-2\n", "      CLUSTER_NODE_NAME: sidecar-2\n      CLUSTER_NODE_NAMES: x\n",
+		{"an unknown variable", "      CLUSTER_NODE_NAME: sidecar-2\n", "      CLUSTER_NODE_NAME: sidecar-2\n      CLUSTER_NODE_NAMES: x\n", nil,
 			"CLUSTER_NODE_NAMES is not a variable sidecar reads"},
-		{"a variable the configuration ignores", "  CLUSTER_STRATEGY: static\n", "  CLUSTER_STRATEGY: static\n  CLUSTER_DNS_NAME: peers\n",
+		{"a variable the configuration ignores", "  CLUSTER_STRATEGY: static\n", "  CLUSTER_STRATEGY: static\n  CLUSTER_DNS_NAME: peers\n", nil,
 			"CLUSTER_DNS_NAME is not a variable sidecar reads"},
-		{"an untagged image", "image: postgres:15.18", "image: postgres", `image "postgres" has no tag`},
-		{"a rolling tag", "image: envoyproxy/envoy:v1.36.4", "image: envoyproxy/envoy:v1.36-latest", "is not a version"},
-		{"a build target the Dockerfile lacks", "target: sidecar,", "target: sidecars,", `build target "sidecars" is not a stage`},
-		{"a key file nothing writes", "TOKEN_SIGNING_KEY_FILE: /keys/TOKEN_SIGNING_KEY", "TOKEN_SIGNING_KEY_FILE: /keys/token-signing-key",
+		{"an untagged image", "image: postgres:15.18", "image: postgres", nil, `image "postgres" has no tag`},
+		{"a rolling tag", "image: envoyproxy/envoy:v1.36.4", "image: envoyproxy/envoy:v1.36-latest", nil, "is not a version"},
+		{"a build target the Dockerfile lacks", "target: sidecar,", "target: sidecars,", nil, `build target "sidecars" is not a stage`},
+		{"a key file nothing writes", "TOKEN_SIGNING_KEY_FILE: /keys/TOKEN_SIGNING_KEY", "TOKEN_SIGNING_KEY_FILE: /keys/token-signing-key", nil,
 			"TOKEN_SIGNING_KEY_FILE: open"},
-		{"a value the binary refuses", "LIMITER_ADDR: 127.0.0.1:8081 ", "LIMITER_ADDR: sidecar ", `LIMITER_ADDR="sidecar": must be host:port`},
-		{"Envoy's admin published", `"127.0.0.1:10001:10000"`, `"127.0.0.1:10001:10000", "127.0.0.1:9901:9901"`, "publishes Envoy's admin interface"},
-		{"a port open to the network", `"127.0.0.1:10002:10000"`, `"10002:10000"`, "publish on 127.0.0.1"},
+		{"a value the binary refuses", "LIMITER_ADDR: 127.0.0.1:8081 ", "LIMITER_ADDR: sidecar ", nil, `LIMITER_ADDR="sidecar": must be host:port`},
+		{"Envoy's admin published", `"127.0.0.1:10001:10000"`, `"127.0.0.1:10001:10000", "127.0.0.1:9901:9901"`, nil, "publishes Envoy's admin interface"},
+		{"a port open to the network", `"127.0.0.1:10002:10000"`, `"10002:10000"`, nil, "publish on 127.0.0.1"},
+		{"the core's ops port published but not served", "  CORE_OPS_ADDR: 0.0.0.0:8083", "  CORE_OPS_ADDR: 127.0.0.1:8083", nil,
+			"publishes container port 8083, which no listener"},
 		{"a sidecar outside Envoy's namespace", "    network_mode: service:envoy-3\n    environment:\n      <<: *sidecar-environment",
-			"    environment:\n      <<: *sidecar-environment", `sends cluster "sidecar_authz" to 127.0.0.1:8081`},
-		{"a peer that is not there", "CLUSTER_JOIN: envoy-1:7946,", "CLUSTER_JOIN: envoy-9:7946,", "CLUSTER_JOIN names envoy-9:7946"},
+			"    environment:\n      <<: *sidecar-environment", nil, `sends cluster "sidecar_authz" to 127.0.0.1:8081`},
+		{"a peer that is not there", "CLUSTER_JOIN: envoy-1:7946,", "CLUSTER_JOIN: envoy-9:7946,", nil, "CLUSTER_JOIN names envoy-9:7946"},
+		{"a bootstrap that is not mounted", "/etc/envoy/envoy-ratelimit.yaml:ro", "/etc/envoy/envoy-rls.yaml:ro", composeRLS,
+			"its bootstrap /etc/envoy/envoy-ratelimit.yaml is not in its mounts"},
+		{"a bootstrap that is not the repository's", "./envoy/envoy-ratelimit.yaml:/etc/envoy/envoy-ratelimit.yaml", "./envoy/envoy.yaml:/etc/envoy/envoy-ratelimit.yaml", composeRLS,
+			"is not envoy/envoy-ratelimit.yaml of the repository"},
+		{"the rate limit service without rules", "  RLS_CONFIG_DIR: /etc/converger/ratelimit\n", "", composeRLS,
+			`asks the rate limit service for domain "edge", which no sidecar of the namespace has valid rules for`},
+		{"a rule file with a mistake", "./envoy/ratelimit:/etc/converger/ratelimit", badRules + ":/etc/converger/ratelimit", nil,
+			`edge.yaml: line 4: descriptors[0].rate_limit: invalid rate limit unit 'fortnight'`},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -312,12 +347,12 @@ func TestComposeChecksFail(t *testing.T) {
 				t.Fatalf("test setup: %q is not in docker-compose.yml", tc.old)
 			}
 			broken := strings.Replace(string(content), tc.old, tc.new, 1)
-			p, err := loadCompose([]byte(broken), map[string]string{})
+			p, err := loadCompose([]byte(broken), tc.environ)
 			var errs []error
 			if err != nil {
 				errs = []error{err}
 			} else {
-				errs = checkCompose(p, volumeStandIns(t, p))
+				_, errs = checkCompose(p, volumeStandIns(t, p))
 			}
 			all := errors.Join(errs...)
 			if all == nil || !strings.Contains(all.Error(), tc.want) {

@@ -172,11 +172,25 @@ func TestDockerfile(t *testing.T) {
 		}
 	}
 	// The images listen beyond loopback inside the container.
-	for target, vars := range map[string][]string{"core": {"CORE_ADDR"}, "sidecar": {"SIDECAR_GRPC_ADDR", "SIDECAR_HTTP_ADDR"}} {
+	for target, vars := range map[string][]string{"core": {"CORE_ADDR", "CORE_OPS_ADDR"}, "sidecar": {"SIDECAR_GRPC_ADDR", "SIDECAR_HTTP_ADDR"}} {
 		for _, v := range vars {
 			if got := d.resolved(target).env[v]; !strings.HasPrefix(got, "0.0.0.0:") {
 				t.Errorf("stage %q: %s=%q, want 0.0.0.0:<port>", target, v, got)
 			}
+		}
+	}
+	// Every ENV of an image is a variable its program reads and accepts.
+	for _, target := range []string{"core", "sidecar"} {
+		c := &container{where: "Dockerfile stage " + target, program: target, args: d.resolved(target).cmd, env: map[string]string{}}
+		for k, v := range d.resolved(target).env {
+			c.env[k] = v
+		}
+		if target == "core" {
+			c.args = []string{"migrate"} // serving needs the keys too; the variables are the same
+			c.env["DATABASE_URL"] = "postgres://converger@db.example.com/converger"
+		}
+		for _, err := range checkConfig(c) {
+			t.Error(err)
 		}
 	}
 	for _, bad := range []string{"golang", "golang:latest", "envoyproxy/envoy:v1.36-latest", "registry:5000/app", "postgres:alpine"} {

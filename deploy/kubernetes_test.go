@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"net"
 	"os"
 	"path/filepath"
@@ -22,6 +23,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"sigs.k8s.io/yaml"
+
+	bootstrapv3 "github.com/envoyproxy/go-control-plane/envoy/config/bootstrap/v3"
 
 	"github.com/converger/edge/core/manage"
 	"github.com/converger/edge/envoy"
@@ -155,14 +158,13 @@ func readDocumented(readme string, keys map[string]string) (*documented, error) 
 			into[m[2]][l[1]] = docValue{value: strings.Trim(l[2], `'"`)}
 		}
 		for _, f := range fromFile.FindAllStringSubmatch(m[3], -1) {
-			key := f[1]
-			if key == "" {
-				key = filepath.Base(f[2])
+			files, err := fromFileKeys(f[1], f[2])
+			if err != nil {
+				errs = append(errs, fmt.Errorf("%s %s: --from-file=%s: %w", m[1], m[2], f[0][len("--from-file="):], err))
 			}
-			if _, err := os.Stat(filepath.Join("..", f[2])); err != nil {
-				errs = append(errs, fmt.Errorf("%s %s: --from-file %s: %w", m[1], m[2], f[2], err))
+			for key, path := range files {
+				into[m[2]][key] = docValue{file: path}
 			}
-			into[m[2]][key] = docValue{file: f[2]}
 		}
 		for _, f := range envFileRe.FindAllStringSubmatch(m[3], -1) {
 			if !generated[f[1]] {
@@ -175,6 +177,41 @@ func readDocumented(readme string, keys map[string]string) (*documented, error) 
 	}
 	return d, errors.Join(errs...)
 }
+
+// fromFileKeys are the keys kubectl's --from-file=[key=]path makes, with their files: a
+// file is one key (its name, or key); a directory one key per regular file in it whose
+// name is a valid key, subdirectories left out.
+func fromFileKeys(key, path string) (map[string]string, error) {
+	info, err := os.Stat(filepath.Join("..", path))
+	if err != nil {
+		return nil, err
+	}
+	if !info.IsDir() {
+		if key == "" {
+			key = filepath.Base(path)
+		}
+		return map[string]string{key: path}, nil
+	}
+	if key != "" {
+		return nil, fmt.Errorf("a key cannot name a directory")
+	}
+	entries, err := os.ReadDir(filepath.Join("..", path))
+	if err != nil {
+		return nil, err
+	}
+	out := map[string]string{}
+	for _, e := range entries {
+		if e.Type().IsRegular() && configKeyRe.MatchString(e.Name()) {
+			out[e.Name()] = filepath.Join(path, e.Name())
+		}
+	}
+	if len(out) == 0 {
+		return nil, fmt.Errorf("no file in the directory")
+	}
+	return out, nil
+}
+
+var configKeyRe = regexp.MustCompile(`^[-._a-zA-Z0-9]+$`)
 
 // kube is everything the Kubernetes checks look at.
 type kube struct {
@@ -331,6 +368,7 @@ func (k *kube) materialize(t *testing.T, pod podTemplate, c corev1.Container, db
 				items = append(items, corev1.KeyToPath{Key: key, Path: key})
 			}
 		}
+		files := map[string][]byte{}
 		for _, it := range items {
 			dv, ok := data[it.Key]
 			if !ok {
@@ -347,23 +385,51 @@ func (k *kube) materialize(t *testing.T, pod podTemplate, c corev1.Container, db
 			if it.Key == "DATABASE_URL" && dbURL != "" {
 				content = []byte(dbURL)
 			}
-			if err := os.WriteFile(filepath.Join(dir, it.Path), content, 0o600); err != nil {
-				t.Fatal(err)
-			}
+			files[it.Path] = content
+		}
+		if err := writeVolume(dir, files); err != nil {
+			t.Fatal(err)
 		}
 	}
 	return out, errs
+}
+
+// writeVolume writes the files of a Secret or ConfigMap volume into dir as the kubelet
+// does: into a directory of their own that the link ..data names, with a link per file
+// to ..data/<file>. (An update swaps ..data; the programs must follow the links.)
+func writeVolume(dir string, files map[string][]byte) error {
+	const version = "..2026_01_02_03_04_05.000000001"
+	if err := os.Mkdir(filepath.Join(dir, version), 0o755); err != nil {
+		return err
+	}
+	tops := map[string]bool{}
+	for path, content := range files {
+		full := filepath.Join(dir, version, path)
+		if err := os.MkdirAll(filepath.Dir(full), 0o755); err != nil {
+			return err
+		}
+		if err := os.WriteFile(full, content, 0o600); err != nil {
+			return err
+		}
+		tops[strings.Split(filepath.ToSlash(path), "/")[0]] = true
+	}
+	if err := os.Symlink(version, filepath.Join(dir, "..data")); err != nil {
+		return err
+	}
+	for top := range tops {
+		if err := os.Symlink(filepath.Join("..data", top), filepath.Join(dir, top)); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // checkKubernetes checks the manifests and returns every problem found.
 func checkKubernetes(t *testing.T, k *kube) []error {
 	var errs []error
 	fail := func(format string, a ...any) { errs = append(errs, fmt.Errorf(format, a...)) }
-	bs, err := envoy.ReadBootstrap("../envoy/envoy.yaml")
-	if err != nil {
-		return []error{err}
-	}
 	var clusterNames []string // CLUSTER_DNS_NAME of the sidecars
+	rlsBootstraps := 0        // bootstraps with the global rate limit filter an Envoy may run
 	var gossipPorts []string
 	for _, pod := range k.pods() {
 		spec := pod.spec
@@ -405,6 +471,14 @@ func checkKubernetes(t *testing.T, k *kube) []error {
 			containers[c.Name], members = mc, append(members, c.Name)
 			if mc.program != "" {
 				errs = append(errs, checkConfig(mc)...)
+				// Off loopback, a listener must be a port of the container, which the
+				// NetworkPolicy check below sees.
+				for v, addr := range listensBeyondLoopback(mc) {
+					_, port, _ := net.SplitHostPort(addr)
+					if n, _ := strconv.Atoi(port); portOf(c, intstr.FromInt(n)) == 0 {
+						fail("%s: %s=%s listens beyond loopback on a port that is not a port of the container", where, v, addr)
+					}
+				}
 			}
 			if mc.program == "sidecar" {
 				clusterNames = append(clusterNames, mc.env["CLUSTER_DNS_NAME"])
@@ -412,51 +486,46 @@ func checkKubernetes(t *testing.T, k *kube) []error {
 				gossipPorts = append(gossipPorts, port)
 			}
 		}
-		// Envoy: its config is envoy/envoy.yaml, its listeners are container ports, its
-		// upstreams are served in the pod, its probes are routes it has.
+		// Envoy: the bootstrap it runs, and the others of envoy/ mounted beside it (the
+		// documented switch: -c names another), are the repository's; their listeners are
+		// container ports, their upstreams are served in the pod, their rate limit domains
+		// have rules in the sidecar, the probes are routes they have.
 		for _, c := range spec.Containers {
 			if !strings.HasPrefix(c.Image, "envoyproxy/envoy:") {
 				continue
 			}
 			where := fmt.Sprintf("%s container %s", pod.where, c.Name)
-			i := slices.Index(c.Args, "-c")
-			if i < 0 || i+1 >= len(c.Args) {
-				fail("%s: no -c <bootstrap> in its args", where)
+			mc := containers[c.Name]
+			path, err := envoyConfigArg(c.Args)
+			if err != nil {
+				fail("%s: %v", where, err)
 				continue
 			}
-			path := containers[c.Name].hostPath(c.Args[i+1])
-			got, err := os.ReadFile(path)
-			want, _ := os.ReadFile("../envoy/envoy.yaml")
-			if err != nil || string(got) != string(want) {
-				fail("%s: %s is not envoy/envoy.yaml from the ConfigMap (%v)", where, c.Args[i+1], err)
-			}
-			for name, port := range envoy.ListenerPorts(bs) {
-				if portOf(c, intstr.FromInt32(int32(port))) == 0 {
-					fail("%s: envoy.yaml's listener %s (port %d) is not a port of the container", where, name, port)
+			paths := []string{path}
+			entries, _ := os.ReadDir(mc.hostPath(filepath.Dir(path)))
+			for _, e := range entries {
+				other := filepath.Join(filepath.Dir(path), e.Name())
+				if !strings.HasPrefix(e.Name(), ".") && strings.HasSuffix(e.Name(), ".yaml") && other != path {
+					paths = append(paths, other)
 				}
 			}
-			for _, cluster := range []string{"core", "sidecar_authz"} {
-				for _, ep := range envoy.ClusterEndpoints(bs, cluster) {
-					if !listensInPod(containers, members, ep) {
-						fail("%s: envoy.yaml sends cluster %q to %s, which no container of the pod listens on", pod.where, cluster, ep)
-					}
-				}
-			}
-			for _, p := range []*corev1.Probe{c.ReadinessProbe, c.LivenessProbe} {
-				if p == nil {
+			for _, path := range paths {
+				bs, err := readEnvoyBootstrap(mc, path)
+				if err != nil {
+					fail("%s: %v", where, err)
 					continue
 				}
-				port := uint32(portOf(c, probePort(p)))
-				if p.HTTPGet != nil {
-					m, ok, err := envoy.RouteRequest(bs, port, "GET", "probe", p.HTTPGet.Path)
-					if err != nil || !ok || m.Cluster != "envoy_admin" || !slices.Contains(adminProbePaths, p.HTTPGet.Path) {
-						fail("%s: probe GET %s on port %d is not routed to the admin's readiness (%+v, %v, %v)", where, p.HTTPGet.Path, port, m, ok, err)
-					}
-				} else if !listenerOn(envoy.ListenerPorts(bs), port) {
-					fail("%s: probe on port %d, where envoy.yaml has no listener", where, port)
+				errs = append(errs, checkEnvoyBootstrap(where, path, c, bs, containers, members)...)
+				if n, perrs := checkEnvoyPod(pod.where, path, bs, containers, members); len(perrs) > 0 {
+					errs = append(errs, perrs...)
+				} else if n > 0 {
+					rlsBootstraps++
 				}
 			}
 		}
+	}
+	if len(k.m.deployments) > 0 && rlsBootstraps == 0 {
+		fail("no Envoy of the manifests can run a bootstrap with the global rate limit filter (envoy-ratelimit.yaml beside envoy.yaml)")
 	}
 
 	// Services: their pods exist and have the target ports; the headless one is the
@@ -522,11 +591,42 @@ func checkKubernetes(t *testing.T, k *kube) []error {
 	return errs
 }
 
+// checkEnvoyBootstrap checks an Envoy container against one bootstrap: its listeners are
+// ports of the container, its probes are routed to the admin's readiness or on a listener.
+func checkEnvoyBootstrap(where, path string, c corev1.Container, bs *bootstrapv3.Bootstrap, containers map[string]*container, members []string) []error {
+	var errs []error
+	fail := func(format string, a ...any) { errs = append(errs, fmt.Errorf(format, a...)) }
+	for name, port := range envoy.ListenerPorts(bs) {
+		if portOf(c, intstr.FromInt32(int32(port))) == 0 {
+			fail("%s: %s's listener %s (port %d) is not a port of the container", where, path, name, port)
+		}
+	}
+	for _, p := range []*corev1.Probe{c.ReadinessProbe, c.LivenessProbe} {
+		if p == nil {
+			continue
+		}
+		port := uint32(portOf(c, probePort(p)))
+		if p.HTTPGet != nil {
+			m, ok, err := envoy.RouteRequest(bs, port, "GET", "probe", p.HTTPGet.Path)
+			if err != nil || !ok || m.Cluster != "envoy_admin" || !slices.Contains(adminProbePaths, p.HTTPGet.Path) {
+				fail("%s: with %s, probe GET %s on port %d is not routed to the admin's readiness (%+v, %v, %v)", where, path, p.HTTPGet.Path, port, m, ok, err)
+			}
+		} else if !listenerOn(envoy.ListenerPorts(bs), port) {
+			fail("%s: probe on port %d, where %s has no listener", where, port, path)
+		}
+	}
+	return errs
+}
+
 // adminProbePaths are the admin interface's endpoints a probe may use.
 var adminProbePaths = []string{"/ready"}
 
-// checkPolicy: only Envoy's public listener is open to all; the cluster port and the
-// sidecar's HTTP port (metrics, /debug/counter) only to some; nothing else is listed.
+// metricsPorts are the sidecar's HTTP port (metrics, /debug/counter, /check) and the
+// core's ops port (metrics, health): only a monitoring namespace may reach them.
+var metricsPorts = map[string]bool{"8082": true, "8083": true}
+
+// checkPolicy: only Envoy's public listener is open to all; the cluster port to some, the
+// metrics ports to a monitoring namespace only; nothing else is listed.
 func checkPolicy(where string, p *networkingv1.NetworkPolicy, spec corev1.PodSpec) []error {
 	var errs []error
 	fail := func(format string, a ...any) { errs = append(errs, fmt.Errorf(format, a...)) }
@@ -546,6 +646,11 @@ func checkPolicy(where string, p *networkingv1.NetworkPolicy, spec corev1.PodSpe
 			} else {
 				restricted[key] = true
 			}
+			for _, peer := range rule.From {
+				if metricsPorts[key] && !oneNamespace(peer) {
+					fail("networkpolicy %s: lets %s reach port %s (metrics); only a monitoring namespace may", p.Name, peerString(peer), key)
+				}
+			}
 		}
 	}
 	for _, c := range spec.Containers {
@@ -562,11 +667,24 @@ func checkPolicy(where string, p *networkingv1.NetworkPolicy, spec corev1.PodSpe
 		}
 	}
 	for port := range restricted {
-		if port != "7946" && port != "8082" {
+		if port != "7946" && !metricsPorts[port] {
 			fail("networkpolicy %s: lets some pods reach port %s directly", p.Name, port)
 		}
 	}
 	return errs
+}
+
+// oneNamespace: a peer that is every pod of one namespace named by its
+// kubernetes.io/metadata.name label.
+func oneNamespace(peer networkingv1.NetworkPolicyPeer) bool {
+	ns := peer.NamespaceSelector
+	return peer.PodSelector == nil && peer.IPBlock == nil && ns != nil && len(ns.MatchExpressions) == 0 &&
+		len(ns.MatchLabels) == 1 && ns.MatchLabels["kubernetes.io/metadata.name"] != ""
+}
+
+func peerString(peer networkingv1.NetworkPolicyPeer) string {
+	b, _ := yaml.Marshal(peer)
+	return strings.Join(strings.Fields(string(b)), " ")
 }
 
 func (k *kube) selected(selector map[string]string) []podTemplate {
@@ -727,6 +845,33 @@ func TestKubernetesManifests(t *testing.T) {
 	if errs := checkKubernetes(t, k); len(errs) > 0 {
 		t.Fatalf("deploy/kubernetes:\n%v", errors.Join(errs...))
 	}
+
+	// The README's switch to the global rate limits: its args line in place of the
+	// Deployment's runs a bootstrap of the mount with the rate limit filter.
+	argsRe := regexp.MustCompile(`(?m)^ *args: \["-c", "[^"]+", "--disable-hot-restart"\]$`)
+	documented := argsRe.FindString(readme)
+	if documented == "" || !argsRe.MatchString(string(files["converger.yaml"])) {
+		t.Fatal("no Envoy args line in the README's switch, or in converger.yaml, to compare")
+	}
+	switched := maps.Clone(files)
+	switched["converger.yaml"] = []byte(argsRe.ReplaceAllLiteralString(string(files["converger.yaml"]), documented))
+	if k, err = loadKube(t, switched, readme); err != nil {
+		t.Fatal(err)
+	}
+	if errs := checkKubernetes(t, k); len(errs) > 0 {
+		t.Fatalf("deploy/kubernetes with the README's %s:\n%v", strings.TrimSpace(documented), errors.Join(errs...))
+	}
+	for _, c := range k.m.deployments[0].Spec.Template.Spec.Containers {
+		if !strings.HasPrefix(c.Image, "envoyproxy/envoy:") {
+			continue
+		}
+		path, _ := envoyConfigArg(c.Args)
+		if bs, err := envoy.ReadBootstrap(filepath.Join("..", "envoy", filepath.Base(path))); err != nil {
+			t.Error(err)
+		} else if domains, _ := rateLimitDomains(bs); len(domains) == 0 {
+			t.Errorf("the README's switch runs %s, which has no global rate limit filter", path)
+		}
+	}
 }
 
 // TestKubernetesChecksFail: each check can fail, on a broken copy of the manifests.
@@ -734,6 +879,7 @@ func TestKubernetesChecksFail(t *testing.T) {
 	files, readme := readKubernetesFiles(t)
 	cases := []struct {
 		name, file, old, new, readmeOld, readmeNew string
+		edit                                       func(*kube) // after loading
 		want                                       string
 	}{
 		{name: "an unknown field", file: "converger.yaml", old: "  replicas: 3\n", new: "  replicas: 3\n  replica: 3\n", want: `unknown field "replica"`},
@@ -743,8 +889,21 @@ func TestKubernetesChecksFail(t *testing.T) {
 			want: `Secret "converger-keys", which no manifest defines`},
 		{name: "a key the Secret lacks", file: "converger.yaml", old: "{key: ENCRYPTION_KEY, path: ENCRYPTION_KEY}", new: "{key: ENCRYPTION, path: ENCRYPTION_KEY}",
 			want: `wants key "ENCRYPTION" of Secret converger-keys`},
-		{name: "an undefined ConfigMap", file: "converger.yaml", old: "configMap: {name: converger-envoy,", new: "configMap: {name: converger-proxy,",
+		{name: "an undefined ConfigMap", file: "converger.yaml", old: "name: converger-envoy\n", new: "name: converger-proxy\n",
 			want: `ConfigMap "converger-proxy"`},
+		{name: "a ConfigMap whose command is gone", readmeOld: "kubectl create configmap converger-ratelimit --from-file=envoy/ratelimit/", readmeNew: "",
+			want: `ConfigMap "converger-ratelimit", which no manifest defines`},
+		{name: "a documented file that is not there", readmeOld: "--from-file=envoy/ratelimit/", readmeNew: "--from-file=envoy/rules/",
+			want: "--from-file=envoy/rules/: stat ../envoy/rules: no such file"},
+		{name: "a bootstrap that is not the repository's", readmeOld: "--from-file=envoy/envoy-ratelimit.yaml", readmeNew: "--from-file=envoy-ratelimit.yaml=envoy/envoy.yaml",
+			want: "its bootstrap /etc/envoy/envoy-ratelimit.yaml is not envoy/envoy-ratelimit.yaml of the repository"},
+		{name: "a rule file with a mistake in the ConfigMap", edit: func(k *kube) {
+			k.doc.configMaps["converger-ratelimit"]["edge.yaml"] = docValue{value: "domain: edge\ndescriptors:\n  - key: remote_address\n    rate_limit: {unit: fortnight, requests_per_unit: 5}\n"}
+		}, want: "edge.yaml: line 4: descriptors[0].rate_limit: invalid rate limit unit 'fortnight'"},
+		{name: "the rate limit service without rules", file: "converger.yaml", old: "            - {name: RLS_CONFIG_DIR, value: /etc/converger/ratelimit}\n", new: "",
+			want: `/etc/envoy/envoy-ratelimit.yaml asks the rate limit service for domain "edge", which no sidecar of the namespace has valid rules for`},
+		{name: "no bootstrap with the rate limit filter", file: "converger.yaml", old: ", {key: envoy-ratelimit.yaml, path: envoy-ratelimit.yaml}", new: "",
+			want: "no Envoy of the manifests can run a bootstrap with the global rate limit filter"},
 		{name: "an untagged image", file: "converger.yaml", old: "image: converger/core:0.1.0", new: "image: converger/core", want: `image "converger/core" has no tag`},
 		{name: "an unknown variable", file: "converger.yaml", old: `{name: LIMITER_ADDR, value: "127.0.0.1:8081"}`,
 			new: `{name: LIMITER_ADDR, value: "127.0.0.1:8081"}` + "\n            - {name: LIMITER_ADRESS, value: x}", want: "LIMITER_ADRESS is not a variable core reads"},
@@ -760,8 +919,18 @@ func TestKubernetesChecksFail(t *testing.T) {
 			want: `CLUSTER_DNS_NAME "converger-gossip" is not a Service`},
 		{name: "the cluster port open to all", file: "converger.yaml", old: "        - {port: 10000, protocol: TCP}\n", new: "        - {port: 10000, protocol: TCP}\n        - {port: 7946, protocol: TCP}\n",
 			want: "opens port 7946"},
-		{name: "the core off loopback for Envoy", file: "converger.yaml", old: `{name: CORE_ADDR, value: "0.0.0.0:8080"}`, new: `{name: CORE_ADDR, value: "0.0.0.0:8090"}`,
+		{name: "the core off loopback for Envoy", file: "converger.yaml", old: `{name: CORE_ADDR, value: "127.0.0.1:8080"}`, new: `{name: CORE_ADDR, value: "127.0.0.1:8090"}`,
 			want: `sends cluster "core" to 127.0.0.1:8080`},
+		{name: "the core's API on every interface", file: "converger.yaml", old: `{name: CORE_ADDR, value: "127.0.0.1:8080"}`, new: `{name: CORE_ADDR, value: "0.0.0.0:8080"}`,
+			want: "container core: CORE_ADDR=0.0.0.0:8080 listens beyond loopback on a port that is not a port of the container"},
+		{name: "the core's ops port undeclared", file: "converger.yaml", old: "            - {name: core-ops, containerPort: 8083, protocol: TCP}\n", new: "",
+			want: "container core: CORE_OPS_ADDR=0.0.0.0:8083 listens beyond loopback"},
+		{name: "a core probe off its ops port", file: "converger.yaml", old: "httpGet: {path: /readyz, port: core-ops}", new: "httpGet: {path: /readyz, port: 8080}",
+			want: "container core: a probe's port 8080 is not a port"},
+		{name: "the core's metrics open to all", file: "converger.yaml", old: "        - {port: 10000, protocol: TCP}\n", new: "        - {port: 10000, protocol: TCP}\n        - {port: 8083, protocol: TCP}\n",
+			want: "opens port 8083 (core-ops of core) to every pod"},
+		{name: "the metrics open to every namespace", file: "converger.yaml", old: "        - namespaceSelector:\n            matchLabels: {kubernetes.io/metadata.name: monitoring}\n", new: "        - namespaceSelector: {}\n",
+			want: "reach port 8083 (metrics); only a monitoring namespace may"},
 		{name: "a Service to a missing port", file: "converger.yaml", old: "targetPort: http, protocol: TCP}", new: "targetPort: web, protocol: TCP}",
 			want: "service converger: port http targets web/TCP"},
 	}
@@ -786,6 +955,9 @@ func TestKubernetesChecksFail(t *testing.T) {
 			}
 			k, err := loadKube(t, broken, r)
 			var all error = err
+			if err == nil && tc.edit != nil {
+				tc.edit(k)
+			}
 			if err == nil {
 				all = errors.Join(checkKubernetes(t, k)...)
 			}

@@ -4,9 +4,11 @@ import (
 	"bufio"
 	"errors"
 	"fmt"
+	"maps"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 )
@@ -64,8 +66,10 @@ var hardening = map[string]string{
 }
 
 // checkUnit loads the unit's program configuration: its Environment=, the example env
-// file shipped for its EnvironmentFile=, and its credentials made by the install steps.
-func checkUnit(t *testing.T, path string, u *unit) []error {
+// file shipped for its EnvironmentFile= (in examples), and its credentials made by the
+// install steps; then again with the example's commented-out settings (#NAME=value) on,
+// with the directories the install steps fill.
+func checkUnit(t *testing.T, path, examples string, u *unit) []error {
 	var errs []error
 	fail := func(format string, a ...any) { errs = append(errs, fmt.Errorf(format, a...)) }
 	for k, want := range hardening {
@@ -77,15 +81,18 @@ func checkUnit(t *testing.T, path string, u *unit) []error {
 		return append(errs, fmt.Errorf("%s: no ExecStart", path))
 	}
 	c := &container{where: path, program: filepath.Base(u.execStart[0]), args: u.execStart[1:], env: map[string]string{}, mounts: map[string]string{}}
+	commented := map[string]string{}
 	for _, ef := range u.envFiles {
-		example := filepath.Join("systemd", strings.TrimSuffix(filepath.Base(ef), ".env")+".env.example")
+		example := filepath.Join(examples, strings.TrimSuffix(filepath.Base(ef), ".env")+".env.example")
 		b, err := os.ReadFile(example)
 		if err != nil {
 			fail("%s: EnvironmentFile=%s has no example %s: %v", path, ef, example, err)
 			continue
 		}
 		for _, line := range strings.Split(string(b), "\n") {
-			if k, v, ok := strings.Cut(strings.TrimSpace(line), "="); ok && !strings.HasPrefix(line, "#") {
+			if m := commentedSettingRe.FindStringSubmatch(line); m != nil {
+				commented[m[1]] = m[2]
+			} else if k, v, ok := strings.Cut(strings.TrimSpace(line), "="); ok && !strings.HasPrefix(line, "#") {
 				c.env[k] = v
 			}
 		}
@@ -107,8 +114,29 @@ func checkUnit(t *testing.T, path string, u *unit) []error {
 	for k, v := range u.environment {
 		c.env[k] = strings.ReplaceAll(v, "%d", creds)
 	}
-	return append(errs, checkConfig(c)...)
+	errs = append(errs, checkConfig(c)...)
+	if len(commented) == 0 {
+		return errs
+	}
+	readme, err := os.ReadFile(filepath.Join(examples, "README.md"))
+	if err != nil {
+		return append(errs, err)
+	}
+	on := &container{where: path + " with the commented settings of its env file", program: c.program, args: c.args, env: maps.Clone(c.env), mounts: map[string]string{}}
+	for _, m := range installDirRe.FindAllStringSubmatch(string(readme), -1) {
+		on.mounts[m[2]] = filepath.Join("..", m[1])
+	}
+	maps.Copy(on.env, commented)
+	return append(errs, checkConfig(on)...)
 }
+
+var (
+	// commentedSettingRe is a setting an example env file leaves commented out.
+	commentedSettingRe = regexp.MustCompile(`^#([A-Z][A-Z0-9_]*)=(.*)$`)
+	// installDirRe is an install step that copies the rule files of a directory of the
+	// repository into a directory of the host: install -m 0644 SRC/*.yaml DEST/
+	installDirRe = regexp.MustCompile(`install -m \d+ (\S+)/\*\.yaml (/\S+?)/?(?:\s|$)`)
+)
 
 func TestSystemdUnits(t *testing.T) {
 	units, _ := filepath.Glob("systemd/*.service")
@@ -121,7 +149,7 @@ func TestSystemdUnits(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if errs := checkUnit(t, path, u); len(errs) > 0 {
+		if errs := checkUnit(t, path, "systemd", u); len(errs) > 0 {
 			t.Error(errors.Join(errs...))
 		}
 		if analyze == "" {
@@ -160,8 +188,40 @@ func TestSystemdChecksFail(t *testing.T) {
 			t.Fatal(err)
 		}
 		u.envFiles = []string{"/etc/converger/core.env"}
-		if all := errors.Join(checkUnit(t, path, u)...); all == nil || !strings.Contains(all.Error(), tc.want) {
+		if all := errors.Join(checkUnit(t, path, "systemd", u)...); all == nil || !strings.Contains(all.Error(), tc.want) {
 			t.Errorf("%q -> %q: want an error containing %q, got %v", tc.old, tc.new, tc.want, all)
+		}
+	}
+
+	// Broken copies of the sidecar's example env file and the install steps.
+	u, err := parseUnit("systemd/converger-sidecar.service")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct{ file, old, new, want string }{
+		{"sidecar.env.example", "#RLS_CONFIG_DIR=", "#RLS_CONFIG_DIRECTORY=", "RLS_CONFIG_DIRECTORY is not a variable sidecar reads"},
+		{"sidecar.env.example", "#CLUSTER_JOIN=10.0.0.1:7946,", "#CLUSTER_JOIN=10.0.0.1,", `CLUSTER_JOIN: "10.0.0.1"`},
+		{"sidecar.env.example", "SIDECAR_HTTP_ADDR=127.0.0.1:8082", "SIDECAR_HTTP_ADDRESS=127.0.0.1:8082", "SIDECAR_HTTP_ADDRESS is not a variable"},
+		{"README.md", "install -m 0644 envoy/ratelimit/*.yaml", "install -m 0644 envoy/limits/*.yaml", "RLS_CONFIG_DIR ../envoy/limits"},
+	} {
+		dir := t.TempDir()
+		for _, name := range []string{"sidecar.env.example", "README.md"} {
+			b, err := os.ReadFile(filepath.Join("systemd", name))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if name == tc.file {
+				if !strings.Contains(string(b), tc.old) {
+					t.Fatalf("test setup: %q is not in %s", tc.old, name)
+				}
+				b = []byte(strings.Replace(string(b), tc.old, tc.new, 1))
+			}
+			if err := os.WriteFile(filepath.Join(dir, name), b, 0o644); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if all := errors.Join(checkUnit(t, "converger-sidecar.service", dir, u)...); all == nil || !strings.Contains(all.Error(), tc.want) {
+			t.Errorf("%s: %q -> %q: want an error containing %q, got %v", tc.file, tc.old, tc.new, tc.want, all)
 		}
 	}
 }

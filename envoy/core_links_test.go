@@ -28,6 +28,7 @@ import (
 
 	"github.com/converger/edge/core/activity"
 	"github.com/converger/edge/core/api"
+	"github.com/converger/edge/core/console"
 	"github.com/converger/edge/core/credentials"
 	"github.com/converger/edge/core/login"
 	"github.com/converger/edge/core/mail"
@@ -60,10 +61,18 @@ func TestCoreLinksAreRouted(t *testing.T) {
 	c.crawlAPIs()
 
 	links := c.collected()
-	for _, want := range []string{"/admin", "/portal", "/admin/login", "/admin/password/change", "/portal/totp/enrol", "/admin/login/totp", "/api/v1/converger/tokens/generate"} {
+	for _, want := range []string{"/admin", "/portal", "/admin/login", "/admin/password/change", "/portal/totp/enrol", "/admin/login/totp",
+		"/api/v1/converger/tokens/generate", "/admin/tenants", "/admin/limits", "/admin/audit"} {
 		if _, ok := links[want]; !ok {
 			t.Errorf("the crawl never saw %s: it does not reach every page (saw %v)", want, keys(links))
 		}
+	}
+	var sawLimitsForm bool
+	for path := range links {
+		sawLimitsForm = sawLimitsForm || strings.HasPrefix(path, "/admin/tenants/") && strings.HasSuffix(path, "/limits")
+	}
+	if !sawLimitsForm {
+		t.Errorf("the crawl never reached a tenant's page and its limits form (saw %v)", keys(links))
 	}
 	var sawStream, sawAttachment bool
 	for path, l := range links {
@@ -172,8 +181,12 @@ func startCrawlCore(t *testing.T) *crawlCore {
 	key, _ := token.GenerateKey()
 	signer, _ := token.ParseSigningKey(key)
 	verifier, _ := token.ParseVerifyKeys(signer.PublicKey())
+	cons, err := console.New(console.Options{Store: st, Pages: pages, Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
 	app, _ := api.New(api.Deps{Store: st, Signer: signer, Verifier: verifier, PublicURL: base.String(),
-		Limits: activity.DefaultLimits, MaxUploadBytes: 1 << 20, Logger: quiet, Pages: pages.Register})
+		Limits: activity.DefaultLimits, MaxUploadBytes: 1 << 20, Logger: quiet, Pages: pages.Register, Console: cons.Register})
 	go func() { _ = app.Listener(ln) }()
 	t.Cleanup(func() {
 		_ = app.ShutdownWithTimeout(5 * time.Second)

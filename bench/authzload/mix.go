@@ -8,6 +8,7 @@ import (
 	"math/rand/v2"
 	"slices"
 	"strconv"
+	"strings"
 	"time"
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
@@ -16,6 +17,7 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/converger/edge/shared/buckets"
+	"github.com/converger/edge/sidecar/routes"
 )
 
 // classID is a kind of request of the mix: a route and the credential it carries.
@@ -38,6 +40,9 @@ const (
 	cLegacyTokens
 	cAdminReset
 	cPortalReset
+	cAdminPost
+	cAdminPatch
+	cAdminDelete
 	numClasses
 )
 
@@ -61,7 +66,7 @@ type class struct {
 // budget (5 or 10 a minute) even when the sidecar answers tens of thousands of checks a
 // second and passes over the mix's body several times a minute.
 var classes = [numClasses]class{
-	cGetTenantActivities:   {"GET activities (tenant API)", "GET", KindAPIKey, 140, "", ""},
+	cGetTenantActivities:   {"GET activities (tenant API)", "GET", KindAPIKey, 137, "", ""},
 	cGetClientActivities:   {"GET activities (client API)", "GET", KindToken, 175, "", ""},
 	cGetTenantConversation: {"GET conversation (tenant API)", "GET", KindAPIKey, 30, "", ""},
 	cGetClientConversation: {"GET conversation (client API)", "GET", KindToken, 30, "", ""},
@@ -76,7 +81,20 @@ var classes = [numClasses]class{
 	cLegacyTokens:          {"POST /api/v1/tokens (legacy)", "POST", KindIP, 5, buckets.TokenCreate, "/api/v1/tokens"},
 	cAdminReset:            {"POST /admin/password/reset", "POST", KindIP, 3, buckets.PasswordResetIP, "/admin/password/reset"},
 	cPortalReset:           {"POST /portal/password/reset", "POST", KindIP, 2, buckets.PasswordResetIP, "/portal/password/reset"},
+	cAdminPost:             {"POST console writes", "POST", KindIP, 1, buckets.AdminWrite, "/admin/api/v1/tenants/:id/activate"},
+	cAdminPatch:            {"PATCH console limits", "PATCH", KindIP, 1, buckets.AdminWrite, "/admin/api/v1/tenants/:id/limits"},
+	cAdminDelete:           {"DELETE console limits", "DELETE", KindIP, 1, buckets.AdminWrite, "/admin/api/v1/tenants/:id/limits"},
 }
+
+// adminWrites are the console's write routes (routes.AdminWrites) by method, which the
+// classes cAdminPost, cAdminPatch and cAdminDelete take turns at.
+var adminWrites = func() map[string][]string {
+	m := map[string][]string{}
+	for _, r := range routes.AdminWrites() {
+		m[r.Method] = append(m[r.Method], r.Pattern)
+	}
+	return m
+}()
 
 // homeClass is the class of a key's prologue request: one that looks the key up.
 var homeClass = [numKinds]classID{
@@ -447,6 +465,21 @@ func (b *builder) request(c classID, key int) *authv3.CheckRequest {
 		h["content-type"] = "application/x-www-form-urlencoded"
 		h["cookie"] = "_converger_session=" + randomB64(b.rng, 24)
 		body = 90 + b.rng.IntN(60)
+	case cAdminPost, cAdminPatch, cAdminDelete:
+		patterns := adminWrites[cl.Method]
+		path = strings.NewReplacer(":id", b.uuid(), ":bucket", buckets.Inbound).Replace(patterns[b.rng.IntN(len(patterns))])
+		browser()
+		h["cookie"] = "_converger_session=" + randomB64(b.rng, 24)
+		h["x-csrf-token"] = randomB64(b.rng, 24)
+		switch {
+		case c == cAdminPatch:
+			jsonBody(30, 200)
+		case c == cAdminPost && strings.HasPrefix(path, "/admin/api/"):
+			jsonBody(2, 60)
+		case c == cAdminPost:
+			h["content-type"] = "application/x-www-form-urlencoded"
+			body = 60 + b.rng.IntN(60)
+		}
 	}
 	if body > 0 {
 		h["content-length"] = strconv.Itoa(body)

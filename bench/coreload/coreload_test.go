@@ -1,6 +1,7 @@
 package coreload
 
 import (
+	"context"
 	"strings"
 	"testing"
 	"time"
@@ -141,5 +142,40 @@ func TestValidate(t *testing.T) {
 func TestFindBinary(t *testing.T) {
 	if _, err := FindBinary(t.TempDir(), "bin/core"); err == nil || !strings.Contains(err.Error(), "go build -o bin/core") {
 		t.Fatalf("err = %v", err)
+	}
+}
+
+func TestOverloadConfig(t *testing.T) {
+	if err := DefaultOverloadConfig().Validate(); err != nil {
+		t.Fatalf("defaults: %v", err)
+	}
+	c := DefaultOverloadConfig()
+	c.Growth, c.Factor, c.Timeout = 1, 0, 0
+	err := c.Validate()
+	for _, flag := range []string{"-growth", "-factor", "-timeout"} {
+		if err == nil || !strings.Contains(err.Error(), flag) {
+			t.Errorf("%s not refused: %v", flag, err)
+		}
+	}
+}
+
+// The open loop offers its rate whatever the answers, and a step is within the bound
+// only when its p99 is and nearly all of it was achieved.
+func TestOpenLoop(t *testing.T) {
+	ctx := t.Context()
+	fast := openLoop(ctx, 200, 500*time.Millisecond, 50*time.Millisecond, func(context.Context) bool { return true })
+	if !fast.Within || fast.Sent < 90 || fast.Sent > 110 || fast.Failed != 0 {
+		t.Fatalf("fast target: %+v", fast)
+	}
+	slow := openLoop(ctx, 200, 500*time.Millisecond, 50*time.Millisecond, func(context.Context) bool {
+		time.Sleep(80 * time.Millisecond)
+		return true
+	})
+	if slow.Within || slow.P99 < 80*time.Millisecond {
+		t.Fatalf("slow target: %+v", slow)
+	}
+	failing := openLoop(ctx, 200, 500*time.Millisecond, 50*time.Millisecond, func(context.Context) bool { return false })
+	if failing.Within || failing.Failed != failing.Sent {
+		t.Fatalf("failing target: %+v", failing)
 	}
 }

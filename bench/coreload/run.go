@@ -41,47 +41,19 @@ func Run(ctx context.Context, cfg Config, stdout, stderr io.Writer) (rep *Report
 	rep = &Report{Config: cfg, Started: time.Now(), Machine: runinfo.Describe(ctx), LoadStart: runinfo.LoadAvg(),
 		Source: runinfo.Source(ctx, root, "core", "shared")}
 
-	t0 := time.Now()
-	pg, err := pgserver.Start(ctx, pgserver.Options{})
+	st, err := startStack(ctx, coreBin, cfg.Conversations, stderr)
 	if err != nil {
 		return nil, err
 	}
 	defer func() {
-		if stopErr := pg.Stop(); stopErr != nil && err == nil {
+		if stopErr := st.stop(); stopErr != nil && err == nil {
 			err = stopErr
 		}
 	}()
-	if err := migrations.Up(ctx, pg.URL()); err != nil {
-		return nil, err
-	}
-	rep.Setup.Postgres = time.Since(t0)
-
-	t0 = time.Now()
-	encKey := credentials.GenerateEncryptionKey()
-	seed, err := Seed(ctx, pg.URL(), encKey, cfg.Conversations)
-	if err != nil {
-		return nil, err
-	}
-	rep.Setup.Seed = time.Since(t0)
+	rep.Setup.Postgres, rep.Setup.Seed = st.setupPostgres, st.setupSeed
 	logf("PostgreSQL ready in %v; seeded a tenant, a channel and %d+1 conversations in %v",
 		rep.Setup.Postgres.Round(time.Millisecond), cfg.Conversations, rep.Setup.Seed.Round(time.Millisecond))
-
-	core, base, err := startCore(ctx, coreBin, pg.URL(), encKey, seed, stderr)
-	if err != nil {
-		return nil, err
-	}
-	defer core.Stop()
-
-	pc, err := pgxpool.ParseConfig(pg.URL())
-	if err != nil {
-		return nil, err
-	}
-	pc.MaxConns = int32(cfg.PoolSize())
-	pool, err := pgxpool.NewWithConfig(ctx, pc)
-	if err != nil {
-		return nil, err
-	}
-	defer pool.Close()
+	core, base, pool, seed := st.core, st.base, st.pool, st.seed
 
 	text := strings.Repeat("x", cfg.TextBytes)
 	body := []byte(`{"type":"message","text":"` + text + `"}`)
@@ -143,6 +115,66 @@ func Run(ctx context.Context, cfg Config, stdout, stderr io.Writer) (rep *Report
 		logf("report written to %s", out)
 	}
 	return rep, nil
+}
+
+// stack is what a load test runs against: a throwaway PostgreSQL with the schema and
+// the seed, a `core serve` over it, and the baseline's pool of as many connections as
+// the core's.
+type stack struct {
+	pg                       *pgserver.Server
+	seed                     SeedData
+	core                     *procs.Proc
+	base                     string
+	pool                     *pgxpool.Pool
+	setupPostgres, setupSeed time.Duration
+}
+
+// startStack starts a stack (the core with the extra variables); stop releases it,
+// also after a failed start.
+func startStack(ctx context.Context, coreBin string, conversations int, log io.Writer, coreEnv ...string) (st *stack, err error) {
+	st = &stack{}
+	defer func() {
+		if err != nil {
+			_ = st.stop()
+		}
+	}()
+	t0 := time.Now()
+	if st.pg, err = pgserver.Start(ctx, pgserver.Options{}); err != nil {
+		return nil, err
+	}
+	if err := migrations.Up(ctx, st.pg.URL()); err != nil {
+		return st, err
+	}
+	st.setupPostgres = time.Since(t0)
+	t0 = time.Now()
+	encKey := credentials.GenerateEncryptionKey()
+	if st.seed, err = Seed(ctx, st.pg.URL(), encKey, conversations); err != nil {
+		return st, err
+	}
+	st.setupSeed = time.Since(t0)
+	if st.core, st.base, err = startCore(ctx, coreBin, st.pg.URL(), encKey, st.seed, log, coreEnv...); err != nil {
+		return st, err
+	}
+	pc, err := pgxpool.ParseConfig(st.pg.URL())
+	if err != nil {
+		return st, err
+	}
+	pc.MaxConns = int32(Config{}.PoolSize())
+	st.pool, err = pgxpool.NewWithConfig(ctx, pc)
+	return st, err
+}
+
+func (st *stack) stop() error {
+	if st.pool != nil {
+		st.pool.Close()
+	}
+	if st.core != nil {
+		st.core.Stop()
+	}
+	if st.pg != nil {
+		return st.pg.Stop()
+	}
+	return nil
 }
 
 // phaseErr reports an interruption or a core that died.
@@ -215,7 +247,7 @@ func verify(ctx context.Context, pool *pgxpool.Pool, seed SeedData) (rows, hotSe
 
 // CoreEnvPrefixes are the core's variables, which the bench sets itself and keeps from
 // leaking in from the caller's environment.
-var CoreEnvPrefixes = []string{"CORE_", "DATABASE_URL=", "TOKEN_", "ENCRYPTION_KEY=", "PUBLIC_URL=", "LIMITER_ADDR=",
+var CoreEnvPrefixes = []string{"CORE_", "DATABASE_", "TOKEN_", "ENCRYPTION_KEY=", "PUBLIC_URL=", "LIMITER_ADDR=",
 	"AUTHZ_ADDR=", "TRUSTED_PROXIES=", "ACTIVITY_MAX_", "UPLOAD_MAX_BYTES=", "LOG_"}
 
 func coreEnv() []string {
@@ -232,9 +264,9 @@ func coreEnv() []string {
 	return env
 }
 
-// startCore starts `core serve` on a free loopback port and waits until it answers the
-// tenant API. It returns the process and the base URL.
-func startCore(ctx context.Context, bin, dbURL, encKey string, seed SeedData, log io.Writer) (*procs.Proc, string, error) {
+// startCore starts `core serve` on a free loopback port, with extra variables, and waits
+// until it answers the tenant API. It returns the process and the base URL.
+func startCore(ctx context.Context, bin, dbURL, encKey string, seed SeedData, log io.Writer, extra ...string) (*procs.Proc, string, error) {
 	signing, err := token.GenerateKey()
 	if err != nil {
 		return nil, "", err
@@ -249,6 +281,7 @@ func startCore(ctx context.Context, bin, dbURL, encKey string, seed SeedData, lo
 		cmd := exec.Command(bin, "serve")
 		cmd.Env = append(coreEnv(),
 			"CORE_ADDR="+ports[0],
+			"CORE_OPS_ADDR=127.0.0.1:0",
 			"PUBLIC_URL="+base,
 			"DATABASE_URL="+dbURL,
 			"TOKEN_SIGNING_KEY="+signing,
@@ -256,6 +289,7 @@ func startCore(ctx context.Context, bin, dbURL, encKey string, seed SeedData, lo
 			"LOG_LEVEL=warn",
 			"LOG_FORMAT=text",
 		)
+		cmd.Env = append(cmd.Env, extra...)
 		p, err := procs.Start("core", cmd, &procs.TailWriter{Prefix: "core: ", W: log})
 		if err != nil {
 			return nil, "", err

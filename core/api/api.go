@@ -15,9 +15,12 @@ import (
 	"github.com/gofiber/fiber/v2"
 
 	"github.com/converger/edge/core/activity"
+	"github.com/converger/edge/core/metrics"
 	"github.com/converger/edge/core/store"
 	"github.com/converger/edge/shared/apierror"
 	"github.com/converger/edge/shared/limiterclient"
+	"github.com/converger/edge/shared/netlimit"
+	"github.com/converger/edge/shared/pgguard"
 	"github.com/converger/edge/shared/token"
 )
 
@@ -33,11 +36,16 @@ type Deps struct {
 	Logger         *slog.Logger
 	// Now is the clock (time.Now when nil).
 	Now func() time.Time
-	// Middleware run before the routes (the ext_authz check of AUTHZ_ADDR).
+	// Middleware run before the routes, after the core's own (request id, access log,
+	// recovery, request checks, the database and in-flight bounds): the ext_authz check
+	// of AUTHZ_ADDR.
 	Middleware []fiber.Handler
 	// Pages registers the HTML login pages (core/login), which answer their own errors
 	// and unknown paths below /admin and /portal with HTML; nil: none.
 	Pages func(fiber.Router)
+	// Console registers the operators' console (core/console: the admin API and the
+	// admin pages), before Pages; nil: none.
+	Console func(fiber.Router)
 	// Limiter counts the activities of transports the sidecar cannot see (the legacy
 	// WebSocket) in activity_create per tenant: the sidecar's Limiter service
 	// (LIMITER_ADDR), so that they share the tenant API's budget, or one in this
@@ -47,6 +55,18 @@ type Deps struct {
 	// tenants' own (CORS_ORIGINS): canonical origins (store.CanonicalOrigin), or
 	// CORSAnyOrigin alone for every origin. See cors.go.
 	CORSOrigins []string
+
+	// Metrics receives the requests' counts and latencies (a registry of its own when
+	// nil).
+	Metrics *metrics.Metrics
+	// Database says whether PostgreSQL answers; while it does not, requests are answered
+	// 503 at once. Nil: always.
+	Database *pgguard.Monitor
+	// AccessLog writes one line per request (CORE_ACCESS_LOG).
+	AccessLog bool
+	// The bounds of config.Bounds; zero values take config.DefaultBounds'.
+	MaxInFlight                                            int
+	RequestTimeout, ReadTimeout, WriteTimeout, IdleTimeout time.Duration
 }
 
 // Limiter is the part of the sidecar's Limiter service the API uses;
@@ -54,6 +74,15 @@ type Deps struct {
 type Limiter interface {
 	Check(ctx context.Context, bucket, key string, hits uint32) (limiterclient.Result, error)
 }
+
+// Default bounds, as config.DefaultBounds.
+const (
+	defaultMaxInFlight    = 512
+	defaultRequestTimeout = 10 * time.Second
+	defaultReadTimeout    = 10 * time.Second
+	defaultWriteTimeout   = 30 * time.Second
+	defaultIdleTimeout    = 2 * time.Minute
+)
 
 // server holds the dependencies the handlers share.
 type server struct {
@@ -64,9 +93,11 @@ type server struct {
 	// limiterFailing is set while the Limiter does not answer (logged once).
 	limiterFailing atomic.Bool
 	cors           *corsPolicy
+	inFlight       *admission
 }
 
-// New returns the fiber app. Start the stream's fan-out with Listen.
+// New returns the fiber app. Start its background work (the stream's fan-out, the
+// watch over requests in flight) with the Listener's Run.
 func New(d Deps) (*fiber.App, *Listener) {
 	if d.Now == nil {
 		d.Now = time.Now
@@ -74,19 +105,48 @@ func New(d Deps) (*fiber.App, *Listener) {
 	if d.Logger == nil {
 		d.Logger = slog.Default()
 	}
-	s := &server{Deps: d, hub: newHub(), sockets: newSocketCounts(), cors: newCORSPolicy(d.CORSOrigins, d.PublicURL)}
+	if d.Metrics == nil {
+		d.Metrics = metrics.New()
+	}
+	for _, v := range []struct {
+		dst *time.Duration
+		def time.Duration
+	}{
+		{&d.RequestTimeout, defaultRequestTimeout}, {&d.ReadTimeout, defaultReadTimeout},
+		{&d.WriteTimeout, defaultWriteTimeout}, {&d.IdleTimeout, defaultIdleTimeout},
+	} {
+		if *v.dst <= 0 {
+			*v.dst = v.def
+		}
+	}
+	if d.MaxInFlight <= 0 {
+		d.MaxInFlight = defaultMaxInFlight
+	}
+	s := &server{Deps: d, hub: newHub(), sockets: newSocketCounts(), cors: newCORSPolicy(d.CORSOrigins, d.PublicURL),
+		inFlight: newAdmission(d.MaxInFlight)}
 	app := fiber.New(fiber.Config{
 		AppName:               "converger-core",
 		DisableStartupMessage: true,
-		BodyLimit:             d.MaxUploadBytes + 1<<20,
-		ReadTimeout:           30 * time.Second,
-		WriteTimeout:          30 * time.Second,
-		IdleTimeout:           2 * time.Minute,
-		ErrorHandler:          s.errorHandler,
-		JSONEncoder:           marshalJSON,
+		// The largest body of any route; each route's own limit applies once its
+		// headers are read (requestConfig).
+		BodyLimit:      max(d.MaxUploadBytes+uploadOverhead, s.maxJSONBody()),
+		ReadTimeout:    d.ReadTimeout,
+		WriteTimeout:   d.WriteTimeout,
+		IdleTimeout:    d.IdleTimeout,
+		ReadBufferSize: maxHeaderBytes,
+		// Multipart bodies are parsed by the upload route only, with its errors.
+		DisablePreParseMultipartForm: true,
+		ErrorHandler:                 s.errorHandler,
+		JSONEncoder:                  marshalJSON,
 	})
-	app.Use(s.requestID, s.recover)
+	app.Server().HeaderReceived = s.requestConfig
+	// In this order: every answer carries a request id and is observed; a panic is a
+	// 500; then the cheap refusals (headers, bodies); CORS (a preflight is answered from
+	// memory, and a page can read the refusals after it); the database and in-flight
+	// bounds; and only then what costs a call (the ext_authz check) and the routes.
+	app.Use(s.requestID, s.observe, s.recover, s.checkRequest)
 	app.Use(corsPath, s.corsHandler)
+	app.Use(s.requireDatabase, s.admit)
 	for _, m := range d.Middleware {
 		app.Use(m)
 	}
@@ -94,6 +154,9 @@ func New(d Deps) (*fiber.App, *Listener) {
 	s.clientAPI(app.Group("/api/v1/converger"))
 	s.inboundRoutes(app.Group("/api/v1/channels"))
 	s.legacyRoutes(app)
+	if d.Console != nil {
+		d.Console(app)
+	}
 	if d.Pages != nil {
 		d.Pages(app)
 	}
@@ -122,35 +185,65 @@ func (s *server) recover(c *fiber.Ctx) (err error) {
 	defer func() {
 		if r := recover(); r != nil {
 			s.Logger.Error("panic while handling a request", "request_id", requestID(c), "method", c.Method(),
-				"route", c.Route().Path, "panic", fmt.Sprint(r), "stack", string(debug.Stack()))
-			err = fail(c, apierror.Error{Status: 500, Code: "internal_error", Message: "Something went wrong."}, nil)
+				"route", routePattern(c), "panic", fmt.Sprint(r), "stack", string(debug.Stack()))
+			err = fail(c, errInternal, nil)
 		}
 	}()
 	return c.Next()
 }
 
-// errorHandler turns errors that reach fiber into the envelope: fiber's own (404, 405,
-// 413 body too large) and unexpected ones (500, logged).
+// errorHandler turns every error into the envelope, with the request id and a message
+// for people, never a parser's or driver's text: the errors handlers return, and those
+// of fasthttp itself (a body over its limit, headers too large, a read timeout, a
+// malformed request), which reach here without the middleware having run, and are
+// observed here.
 func (s *server) errorHandler(c *fiber.Ctx, err error) error {
+	answer := s.answerError(c, err)
+	if c.Locals(localObserved) == nil {
+		s.record(c, time.Now())
+	}
+	return answer
+}
+
+func (s *server) answerError(c *fiber.Ctx, err error) error {
 	var fe *fiber.Error
-	if errors.As(err, &fe) {
+	switch {
+	case errors.As(err, &fe):
 		switch fe.Code {
 		case fiber.StatusNotFound:
 			return fail(c, apierror.NotFound, nil)
 		case fiber.StatusRequestEntityTooLarge:
+			// fasthttp answers before it reads the body: drop the rest of it before
+			// closing, so that the client reads the 413 rather than a reset.
+			netlimit.LingerOnClose(c.Context().Conn())
 			return fail(c, errPayloadTooLarge, nil)
 		case fiber.StatusMethodNotAllowed:
-			return fail(c, apierror.Error{Status: 405, Code: "method_not_allowed", Message: "Method not allowed."}, nil)
+			return fail(c, errMethod, nil)
+		case fiber.StatusRequestTimeout:
+			return fail(c, errRequestTimeout, nil)
+		case fiber.StatusRequestHeaderFieldsTooLarge:
+			return fail(c, errHeadersTooLarge, nil)
+		case fiber.StatusBadGateway:
+			// fiber's answer to a network error while reading the request: the client
+			// is most likely gone.
+			return fail(c, apierror.BadRequest, nil)
 		}
 		if fe.Code < 500 {
-			return fail(c, apierror.BadRequest.WithMessage(fe.Message), nil)
+			return fail(c, apierror.BadRequest, nil)
 		}
+	case errors.Is(err, context.Canceled):
+		return nil // the client went away; nobody reads an answer
+	case pgguard.Unavailable(err):
+		// The database is down, hung or slower than DATABASE_TIMEOUT (the monitor has
+		// been told and logs the outage), the pool had no free connection in time
+		// (overload), or the request's deadline passed: one line per request would
+		// flood the log exactly when it matters, so debug only.
+		s.Logger.Debug("request failed: the database did not answer in time", "request_id", requestID(c),
+			"method", c.Method(), "route", routePattern(c), "error", err)
+		return failUnavailable(c, errDatabaseDown)
 	}
-	if errors.Is(err, context.Canceled) {
-		return nil
-	}
-	s.Logger.Error("request failed", "request_id", requestID(c), "method", c.Method(), "route", c.Route().Path, "error", err)
-	return fail(c, apierror.Error{Status: 500, Code: "internal_error", Message: "Something went wrong."}, nil)
+	s.Logger.Error("request failed", "request_id", requestID(c), "method", c.Method(), "route", routePattern(c), "error", err)
+	return fail(c, errInternal, nil)
 }
 
 // The error answers of the core beyond the shared ones.
@@ -173,10 +266,17 @@ func requestID(c *fiber.Ctx) string {
 	return id
 }
 
-// fail answers with an error envelope.
+// fail answers with an error envelope. An answer before the request-id middleware ran
+// (fasthttp's own errors) gets its id here.
 func fail(c *fiber.Ctx, e apierror.Error, details any) error {
+	id := requestID(c)
+	if id == "" {
+		id = apierror.RequestID(c.Get("x-request-id"))
+		c.Locals(localRequestID, id)
+		c.Set("x-request-id", id)
+	}
 	c.Set(fiber.HeaderContentType, fiber.MIMEApplicationJSON)
-	return c.Status(e.Status).Send(e.Body(details, requestID(c)))
+	return c.Status(e.Status).Send(e.Body(details, id))
 }
 
 // failValidation answers 422 with the field errors.

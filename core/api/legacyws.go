@@ -212,12 +212,14 @@ type legacyConn struct {
 }
 
 // legacyInbound is a frame of the client: an activity to create, or a reply decided
-// by the reader.
+// by the reader; or, last, the reader's decision to close the connection over the rate
+// bound, once the replies before it are sent.
 type legacyInbound struct {
 	ref     json.RawMessage
 	create  bool
 	payload json.RawMessage
 	reply   legacyReply
+	closing bool
 }
 
 // legacyReply is a reply frame.
@@ -320,6 +322,13 @@ func (lc *legacyConn) run() {
 		case <-st.ctx.Done():
 			return
 		case m := <-lc.in:
+			if m.closing {
+				// Every frame before this one has its reply queued: send them, then
+				// close (finish writes the close frame).
+				lc.flush()
+				st.stop(closePolicy, "rate limit exceeded", true)
+				return
+			}
 			if err := lc.answer(m); err != nil {
 				lc.failed(err)
 				return
@@ -470,8 +479,27 @@ func (lc *legacyConn) queue(frame []byte) error {
 	}
 }
 
+// flush waits until the writer has sent every queued frame (at most streamWriteTimeout:
+// a client that takes nothing is dropped anyway).
+func (lc *legacyConn) flush() {
+	st := lc.st
+	timeout := time.NewTimer(streamWriteTimeout)
+	defer timeout.Stop()
+	for st.pending.Load() > 0 {
+		select {
+		case <-st.drained:
+		case <-st.ctx.Done():
+			return
+		case <-timeout.C:
+			return
+		}
+	}
+}
+
 // readLoop reads the client's frames, applies the rate bound and decodes them for run.
-// A close, an error or a message over the size bound ends the connection.
+// A close, an error or a message over the size bound ends the connection. Over the rate
+// bound, run is told to close after the replies it owes, and the client's frames are
+// read and dropped meanwhile, so that its close handshake (or a reset) is seen.
 func (lc *legacyConn) readLoop() {
 	st := lc.st
 	ws := st.ws
@@ -496,8 +524,16 @@ func (lc *legacyConn) readLoop() {
 		alive()
 		m, ok := lc.inbound(typ, data, time.Now())
 		if !ok {
-			lc.st.refuse(closePolicy, "rate limit exceeded", true)
-			return
+			select {
+			case lc.in <- legacyInbound{closing: true}:
+			case <-st.ctx.Done():
+				return
+			}
+			for {
+				if _, _, err := ws.ReadMessage(); err != nil {
+					return
+				}
+			}
 		}
 		select {
 		case lc.in <- m:

@@ -665,6 +665,62 @@ func TestLegacyWebSocketRateLimit(t *testing.T) {
 	dialLegacy(t, e.base, e.legacyToken(s, "alice")).call("fresh", "heartbeat", nil)
 }
 
+// The close over the rate bound (1008) comes after the replies to every frame before
+// the one that closed it, also those still queued when the reader decided to close.
+func TestLegacyWebSocketRepliesBeforeTheRateClose(t *testing.T) {
+	e := newEnv(t, envOptions{})
+	s := e.setup("webhook")
+	w := dialLegacy(t, e.base, e.legacyToken(s, "alice"))
+	// Creates take the burst and keep the connection's loop busy with the database, so
+	// that the reader runs ahead of it; then heartbeats over the bound.
+	// The bucket's burst is 20; 20 refusals in a row close.
+	const creates, beats, maxRefused = 20, 60, 20
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	for i := range creates + beats {
+		msg := fmt.Sprintf(`{"event":"heartbeat","ref":%d}`, i)
+		if i < creates {
+			msg = fmt.Sprintf(`{"event":"new_activity","ref":%d,"payload":{"text":"m%d"}}`, i, i)
+		}
+		if err := w.c.Write(ctx, websocket.MessageText, []byte(msg)); err != nil {
+			break // closed by the server meanwhile
+		}
+	}
+	if code := w.closed(10 * time.Second); code != websocket.StatusPolicyViolation {
+		t.Fatalf("close status %v (%v), want 1008", code, w.err)
+	}
+	var replies []legacyFrame
+	for len(w.frames) > 0 {
+		if f := <-w.frames; f.Event == "reply" {
+			replies = append(replies, f)
+		}
+	}
+	// Every frame up to the closing one has its reply, in order, and the 19 before it
+	// are the refusals that led to the close.
+	for i, f := range replies {
+		if string(f.Ref) != strconv.Itoa(i) {
+			t.Fatalf("reply %d has ref %s: replies were lost or reordered", i, f.Ref)
+		}
+	}
+	n := len(replies)
+	if n < creates+maxRefused-1 || n >= creates+beats {
+		t.Fatalf("%d replies before the close, want at least %d", n, creates+maxRefused-1)
+	}
+	for _, f := range replies[n-(maxRefused-1):] {
+		if f.Status != "error" || !strings.Contains(string(f.Payload), `"rate_limited"`) {
+			t.Fatalf("reply %s before the close: %s %s, want rate_limited (the replies before the close were lost)", f.Ref, f.Status, f.Payload)
+		}
+	}
+	for _, f := range replies[:creates] {
+		if f.Status != "ok" {
+			t.Fatalf("create %s: %s %s", f.Ref, f.Status, f.Payload)
+		}
+	}
+	if stored := e.count(`SELECT count(*) FROM activities`); stored != creates {
+		t.Fatalf("%d activities stored, want the %d acknowledged", stored, creates)
+	}
+}
+
 func TestLegacyWebSocketSizeLimit(t *testing.T) {
 	e := newEnv(t, envOptions{})
 	s := e.setup("webhook")

@@ -21,6 +21,7 @@ import (
 	"github.com/converger/edge/core/credentials"
 	"github.com/converger/edge/core/migrations"
 	"github.com/converger/edge/core/store"
+	"github.com/converger/edge/shared/netlimit"
 	"github.com/converger/edge/shared/pgserver"
 	"github.com/converger/edge/shared/token"
 )
@@ -78,7 +79,8 @@ func newEnv(t *testing.T, o envOptions) *env {
 	app, listener := api.New(d)
 	ctx, cancel := context.WithCancel(ctx)
 	go listener.Run(ctx)
-	go func() { _ = app.Listener(ln) }()
+	// As core serve does: a listener that drains a request it answered early (413).
+	go func() { _ = app.Listener(netlimit.Wrap(ln, netlimit.Options{Logger: log})) }()
 	t.Cleanup(func() {
 		cancel()
 		_ = app.ShutdownWithTimeout(5 * time.Second)

@@ -196,15 +196,19 @@ func (l *Listener) Listening() bool { return l.listening.Load() }
 // are connected to this instance.
 func (l *Listener) Streams() int { return l.s.hub.subscribers() }
 
-// Run listens until ctx ends, on a connection of its own taken out of the store's pool.
-// When the connection breaks it reconnects with backoff, and once listening again every
-// stream re-reads from its last seq, since notifications may have been missed. When Run
-// returns, every stream is closed (1001, going away). The same connection follows
-// NOTIFY tenant_changes for the tenants' CORS origins (cors.go), which Run also keeps
-// loaded.
+// Run runs the API's background work until ctx ends: the cancellation of requests whose
+// client went away (watchInFlight), the tenants' CORS origins (cors.go, kept loaded and
+// followed through NOTIFY tenant_changes on the same connection as the stream), and the
+// stream's fan-out, which listens on a connection of its own taken out of the store's
+// pool. When that connection breaks it reconnects with backoff, and once listening again
+// every stream re-reads from its last seq, since notifications may have been missed. When
+// Run returns, every stream is closed (1001, going away).
 func (l *Listener) Run(ctx context.Context) {
 	defer l.s.hub.cancel()
 	go l.s.cors.run(ctx, l.s.Store, l.s.Logger)
+	watched := make(chan struct{})
+	defer func() { <-watched }()
+	go func() { defer close(watched); l.s.watchInFlight(ctx) }()
 	const firstBackoff = 100 * time.Millisecond
 	backoff := firstBackoff
 	reported := false // the current interruption has been logged

@@ -141,6 +141,9 @@ func (k *Checker) FailedClosed() uint64 { return k.failedClosed.Load() }
 // errUnchecked is the answer to a request refused because it could not be checked.
 var errUnchecked = apierror.Unavailable.WithMessage("This request cannot be checked right now. Please try again shortly.")
 
+// Failing reports whether the last Check failed (requests are let through unchecked, or refused on the routes that fail closed).
+func (k *Checker) Failing() bool { return k.failing.Load() }
+
 // Handler is the fiber middleware. It must run after the core's request-id middleware,
 // so that the Check carries the request's x-request-id (api.New runs Deps.Middleware
 // after it).

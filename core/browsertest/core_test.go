@@ -40,7 +40,7 @@ const (
 // coreVars are the prefixes of the variables `core serve` reads; the test's own
 // environment must not leak them into the process.
 var coreVars = []string{
-	"CORE_ADDR=", "DATABASE_URL=", "PUBLIC_URL=", "TOKEN_", "ENCRYPTION_KEY=", "LIMITER_ADDR=",
+	"CORE_", "DATABASE_", "PUBLIC_URL=", "TOKEN_", "ENCRYPTION_KEY=", "LIMITER_ADDR=",
 	"AUTHZ_ADDR=", "TRUSTED_PROXIES=", "ACTIVITY_MAX_", "UPLOAD_MAX_BYTES=", "LOG_LEVEL=",
 	"LOG_FORMAT=", "ADMIN_", "SMTP_", "SESSION_", "CORS_ORIGINS=",
 }
@@ -159,6 +159,7 @@ func startCore(t *testing.T, a admin, extra ...string) *core {
 	}
 	c.env = append(c.env,
 		"CORE_ADDR="+addr,
+		"CORE_OPS_ADDR=127.0.0.1:0",
 		"PUBLIC_URL="+c.base,
 		"DATABASE_URL="+dbURL,
 		"TOKEN_SIGNING_KEY="+signingKey,

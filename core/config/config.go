@@ -65,6 +65,53 @@ type Config struct {
 	// tenant (CORS_ORIGINS): canonical origins, or "*" alone for any origin; empty: only
 	// the tenants' own allowed origins.
 	CORSOrigins []string
+	// OpsAddr serves /healthz, /readyz and /metrics (CORE_OPS_ADDR), apart from the API.
+	OpsAddr string
+	// AccessLog writes one log line per request (CORE_ACCESS_LOG).
+	AccessLog bool
+	Bounds    Bounds
+}
+
+// Bounds are the core's limits on connections, requests and database calls.
+type Bounds struct {
+	// MaxConns bounds the open connections (CORE_MAX_CONNS); 0: three quarters of the
+	// open-files limit, at most 10,000 (netlimit.DefaultMaxConns).
+	MaxConns int
+	// MaxConnsPerIP bounds the open connections of one client address, except the
+	// TRUSTED_PROXIES (CORE_MAX_CONNS_PER_IP); 0: no bound.
+	MaxConnsPerIP int
+	// MaxInFlight bounds the requests being handled at once; beyond it a request is
+	// answered 503 at once (CORE_MAX_IN_FLIGHT).
+	MaxInFlight int
+	// RequestTimeout bounds the handling of one request, database calls included
+	// (CORE_REQUEST_TIMEOUT); Envoy's x-envoy-expected-rq-timeout-ms may shorten it.
+	RequestTimeout time.Duration
+	// ReadTimeout bounds reading a request's headers and body (CORE_READ_TIMEOUT);
+	// uploads get UploadReadTimeout.
+	ReadTimeout time.Duration
+	// WriteTimeout bounds writing an answer (CORE_WRITE_TIMEOUT).
+	WriteTimeout time.Duration
+	// IdleTimeout closes a keep-alive connection idle for that long (CORE_IDLE_TIMEOUT).
+	IdleTimeout time.Duration
+	// DatabaseTimeout bounds every PostgreSQL query and new connection
+	// (DATABASE_TIMEOUT).
+	DatabaseTimeout time.Duration
+	// DatabaseAcquireTimeout bounds the wait for a connection of the pool
+	// (DATABASE_ACQUIRE_TIMEOUT): under overload, a request that gets none in time is
+	// answered 503 rather than waiting past its client's patience.
+	DatabaseAcquireTimeout time.Duration
+}
+
+// DefaultBounds are the bounds without their variables.
+var DefaultBounds = Bounds{
+	MaxConnsPerIP:          512,
+	MaxInFlight:            512,
+	RequestTimeout:         10 * time.Second,
+	ReadTimeout:            10 * time.Second,
+	WriteTimeout:           30 * time.Second,
+	IdleTimeout:            2 * time.Minute,
+	DatabaseTimeout:        3 * time.Second,
+	DatabaseAcquireTimeout: 500 * time.Millisecond,
 }
 
 // MinAdminPasswordLength is the fewest characters ADMIN_PASSWORD may have.
@@ -85,9 +132,13 @@ func Load(getenv func(string) string) (*Config, error) {
 		Limits:         activity.DefaultLimits,
 		MaxUploadBytes: 4 << 20,
 		LogFormat:      orDefault(getenv("LOG_FORMAT"), "json"),
+		OpsAddr:        orDefault(getenv("CORE_OPS_ADDR"), "127.0.0.1:8083"),
+		Bounds:         DefaultBounds,
 	}
-	if err := checkAddr(c.Addr); err != nil {
-		return nil, fmt.Errorf("CORE_ADDR=%q: %w", c.Addr, err)
+	for _, v := range []struct{ name, val string }{{"CORE_ADDR", c.Addr}, {"CORE_OPS_ADDR", c.OpsAddr}} {
+		if err := checkAddr(v.val); err != nil {
+			return nil, fmt.Errorf("%s=%q: %w", v.name, v.val, err)
+		}
 	}
 	for _, v := range []struct{ name, val string }{{"LIMITER_ADDR", c.LimiterAddr}, {"AUTHZ_ADDR", c.AuthzAddr}} {
 		if v.val != "" {
@@ -145,6 +196,16 @@ func Load(getenv func(string) string) (*Config, error) {
 			*n.dst = i
 		}
 	}
+	if err := c.loadBounds(getenv); err != nil {
+		return nil, err
+	}
+	switch v := strings.ToLower(orDefault(getenv("CORE_ACCESS_LOG"), "true")); v {
+	case "true", "1", "yes", "on":
+		c.AccessLog = true
+	case "false", "0", "no", "off":
+	default:
+		return nil, fmt.Errorf("CORE_ACCESS_LOG=%q: must be true or false", v)
+	}
 	switch v := strings.ToLower(orDefault(getenv("LOG_LEVEL"), "info")); v {
 	case "debug", "info", "warn", "error":
 		_ = c.LogLevel.UnmarshalText([]byte(v))
@@ -174,6 +235,48 @@ func parseCORSOrigins(v string) ([]string, error) {
 		return list, nil
 	}
 	return store.CanonicalOrigins(list)
+}
+
+// loadBounds reads the bounds on connections, requests and database calls.
+func (c *Config) loadBounds(getenv func(string) string) error {
+	for _, n := range []struct {
+		name string
+		dst  *int
+		min  int
+	}{
+		{"CORE_MAX_CONNS", &c.Bounds.MaxConns, 1},
+		{"CORE_MAX_CONNS_PER_IP", &c.Bounds.MaxConnsPerIP, 0},
+		{"CORE_MAX_IN_FLIGHT", &c.Bounds.MaxInFlight, 1},
+	} {
+		if v := strings.TrimSpace(getenv(n.name)); v != "" {
+			i, err := strconv.Atoi(v)
+			if err != nil || i < n.min || i > 1_000_000 {
+				return fmt.Errorf("%s=%q: must be a whole number from %d to 1000000", n.name, v, n.min)
+			}
+			*n.dst = i
+		}
+	}
+	for _, d := range []struct {
+		name     string
+		dst      *time.Duration
+		min, max time.Duration
+	}{
+		{"CORE_REQUEST_TIMEOUT", &c.Bounds.RequestTimeout, 100 * time.Millisecond, 10 * time.Minute},
+		{"CORE_READ_TIMEOUT", &c.Bounds.ReadTimeout, 100 * time.Millisecond, 10 * time.Minute},
+		{"CORE_WRITE_TIMEOUT", &c.Bounds.WriteTimeout, 100 * time.Millisecond, 10 * time.Minute},
+		{"CORE_IDLE_TIMEOUT", &c.Bounds.IdleTimeout, time.Second, 24 * time.Hour},
+		{"DATABASE_TIMEOUT", &c.Bounds.DatabaseTimeout, 100 * time.Millisecond, 10 * time.Minute},
+		{"DATABASE_ACQUIRE_TIMEOUT", &c.Bounds.DatabaseAcquireTimeout, 10 * time.Millisecond, 10 * time.Minute},
+	} {
+		if v := strings.TrimSpace(getenv(d.name)); v != "" {
+			t, err := time.ParseDuration(v)
+			if err != nil || t < d.min || t > d.max {
+				return fmt.Errorf("%s=%q: must be a duration from %v to %v, such as 5s", d.name, v, d.min, d.max)
+			}
+			*d.dst = t
+		}
+	}
+	return nil
 }
 
 // loadLogins reads the variables of the login pages. Secrets (ADMIN_PASSWORD, the

@@ -28,6 +28,17 @@ func TestDefaults(t *testing.T) {
 		t.Errorf("sessions %v %v", c.SessionIdleTimeout, c.SessionMaxAge)
 	case c.SMTP != nil || c.Signer != nil || c.Sealer != nil:
 		t.Error("optional parts set without their variables")
+	case c.OpsAddr != "127.0.0.1:8083" || !c.AccessLog || c.Bounds != DefaultBounds:
+		t.Errorf("operations: %q, access log %v, bounds %+v", c.OpsAddr, c.AccessLog, c.Bounds)
+	}
+	c, err = Load(env(map[string]string{"CORE_MAX_CONNS": "100", "CORE_MAX_CONNS_PER_IP": "0", "CORE_MAX_IN_FLIGHT": "8",
+		"CORE_REQUEST_TIMEOUT": "2s", "DATABASE_TIMEOUT": "500ms", "CORE_ACCESS_LOG": "off"}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if b := c.Bounds; b.MaxConns != 100 || b.MaxConnsPerIP != 0 || b.MaxInFlight != 8 || b.RequestTimeout != 2*time.Second ||
+		b.DatabaseTimeout != 500*time.Millisecond || c.AccessLog {
+		t.Errorf("bounds from the environment: %+v, access log %v", b, c.AccessLog)
 	}
 	if err := c.RequireServe(); err == nil || !strings.Contains(err.Error(), "DATABASE_URL") {
 		t.Errorf("RequireServe without DATABASE_URL: %v", err)
@@ -64,6 +75,17 @@ func TestInvalidValuesNameTheVariable(t *testing.T) {
 		{map[string]string{"CORS_ORIGINS": "*,https://shop.example.com"}, "CORS_ORIGINS"},
 		{map[string]string{"CORS_ORIGINS": "null"}, "CORS_ORIGINS"},
 		{map[string]string{"CORS_ORIGINS": "https://*.example.com"}, "CORS_ORIGINS"},
+		{map[string]string{"CORE_OPS_ADDR": "localhost"}, "CORE_OPS_ADDR"},
+		{map[string]string{"CORE_MAX_CONNS": "0"}, "CORE_MAX_CONNS"},
+		{map[string]string{"CORE_MAX_CONNS_PER_IP": "-1"}, "CORE_MAX_CONNS_PER_IP"},
+		{map[string]string{"CORE_MAX_IN_FLIGHT": "many"}, "CORE_MAX_IN_FLIGHT"},
+		{map[string]string{"CORE_REQUEST_TIMEOUT": "1ms"}, "CORE_REQUEST_TIMEOUT"},
+		{map[string]string{"CORE_READ_TIMEOUT": "10"}, "CORE_READ_TIMEOUT"},
+		{map[string]string{"CORE_WRITE_TIMEOUT": "1h"}, "CORE_WRITE_TIMEOUT"},
+		{map[string]string{"CORE_IDLE_TIMEOUT": "0s"}, "CORE_IDLE_TIMEOUT"},
+		{map[string]string{"DATABASE_TIMEOUT": "forever"}, "DATABASE_TIMEOUT"},
+		{map[string]string{"DATABASE_ACQUIRE_TIMEOUT": "1ms"}, "DATABASE_ACQUIRE_TIMEOUT"},
+		{map[string]string{"CORE_ACCESS_LOG": "maybe"}, "CORE_ACCESS_LOG"},
 	}
 	for _, tc := range cases {
 		_, err := Load(env(tc.vars))

@@ -1,6 +1,7 @@
-// Package credentials makes the core's secrets: tenant API keys, channel secrets and
-// publishable keys (stored as SHA-256, shown once), and the AES-256-GCM sealing of the
-// secrets the core must read back (channel secrets for inbound signatures, TOTP seeds).
+// Package credentials makes the core's secrets: tenant API keys, channel secrets,
+// publishable keys and admin API tokens (stored as SHA-256, shown once), and the
+// AES-256-GCM sealing of the secrets the core must read back (channel secrets for
+// inbound signatures, TOTP seeds).
 package credentials
 
 import (
@@ -16,6 +17,7 @@ import (
 const (
 	APIKeyPrefix      = "cvg_live_"
 	PublishablePrefix = "cvg_pk_"
+	AdminTokenPrefix  = "cvg_admin_"
 	// DisplayPrefixLength is how much of an API key is kept for display.
 	DisplayPrefixLength = 13
 )
@@ -31,6 +33,10 @@ func NewAPIKey() string { return APIKeyPrefix + random(32) }
 
 // DisplayPrefix is the part of an API key kept for display.
 func DisplayPrefix(key string) string { return key[:min(len(key), DisplayPrefixLength)] }
+
+// NewAdminToken returns an admin API token: "cvg_admin_" and 32 random bytes in
+// base64url.
+func NewAdminToken() string { return AdminTokenPrefix + random(32) }
 
 // NewChannelSecret returns a channel secret: 32 random bytes in base64url.
 func NewChannelSecret() string { return random(32) }

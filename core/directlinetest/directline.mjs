@@ -104,6 +104,9 @@ async function scenario(mode) {
   if (!att?.contentUrl || att.contentType !== 'text/plain') fail(`${mode}: upload came back as ${JSON.stringify(up)}`);
   const got = Buffer.from(await (await fetch(att.contentUrl)).arrayBuffer());
   if (!got.equals(fileBytes)) fail(`${mode}: the uploaded file came back as ${JSON.stringify(got.toString())}`);
+  // Its echo too, so that the watermark taken below is past everything this conversation
+  // has produced so far (on a busy machine the echo may otherwise come after it).
+  await waitFor(seen, `${mode}: the upload's echo`, (a) => a.from?.id === 'bot' && a.text === `echo: a file (${mode})`);
 
   // Token refresh, as the library does every 15 minutes.
   const refreshed = await new Promise((resolve, reject) => dl.refreshToken().subscribe(resolve, reject));

@@ -41,6 +41,7 @@ import (
 	"github.com/converger/edge/core/passwords"
 	"github.com/converger/edge/core/store"
 	"github.com/converger/edge/shared/clientip"
+	"github.com/converger/edge/shared/pgguard"
 )
 
 //go:embed templates/*.html
@@ -350,10 +351,15 @@ func (p *Pages) message(c *fiber.Ctx, rl realm, status int, text string) error {
 	return p.render(c, status, "message", v)
 }
 
-// internalError logs err and answers 500.
+// internalError logs err and answers 500, or 503 when the database did not answer in
+// time (down, hung or overloaded).
 func (p *Pages) internalError(c *fiber.Ctx, rl realm, err error) error {
 	if errors.Is(err, context.Canceled) {
 		return nil
+	}
+	if pgguard.Unavailable(err) {
+		c.Set(fiber.HeaderRetryAfter, "1")
+		return p.message(c, rl, fiber.StatusServiceUnavailable, "The service is busy or unavailable right now. Try again in a minute.")
 	}
 	// The realm, not the path: a reset link's path holds its token.
 	p.Logger.Error("login: request failed", "request_id", requestID(c), "method", c.Method(), "realm", rl.prefix, "error", err)

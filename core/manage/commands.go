@@ -68,6 +68,7 @@ func init() {
 		},
 		run: adminsCreate,
 	})
+	registerAdminTokens()
 }
 
 func tenantsCreate(r *runner, _ []string) error {

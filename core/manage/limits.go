@@ -5,11 +5,8 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"math"
 	"slices"
-	"strconv"
 	"strings"
-	"time"
 
 	"github.com/converger/edge/core/store"
 	"github.com/converger/edge/shared/buckets"
@@ -44,24 +41,11 @@ func registerLimits() {
 // parseLimitSpec reads "bucket=limit/window", e.g. "inbound=2000/1s".
 func parseLimitSpec(spec string) (string, buckets.Limit, error) {
 	name, value, ok := strings.Cut(spec, "=")
-	count, window, ok2 := strings.Cut(value, "/")
-	if !ok || !ok2 || name == "" {
+	if !ok || name == "" || !strings.Contains(value, "/") {
 		return "", buckets.Limit{}, fmt.Errorf("%q: write BUCKET=LIMIT/WINDOW, e.g. inbound=2000/1s", spec)
 	}
-	if b, ok := buckets.Lookup(name); !ok || !b.Overridable {
-		return "", buckets.Limit{}, fmt.Errorf("%q: %q is not an overridable bucket (allowed: %s)",
-			spec, name, strings.Join(buckets.OverridableNames(), ", "))
-	}
-	n, err := strconv.ParseUint(count, 10, 64)
-	if err != nil || n == 0 || n > math.MaxUint32 {
-		return "", buckets.Limit{}, fmt.Errorf("%q: the limit %q must be a positive integer up to %d", spec, count, uint32(math.MaxUint32))
-	}
-	d, err := time.ParseDuration(window)
+	l, err := store.ParseOverride(name, value)
 	if err != nil {
-		return "", buckets.Limit{}, fmt.Errorf("%q: the window %q is not a duration such as 500ms, 1s, 60s or 1h", spec, window)
-	}
-	l := buckets.Limit{Count: uint32(n), Window: d}
-	if err := store.CheckOverride(name, l); err != nil {
 		return "", buckets.Limit{}, fmt.Errorf("%q: %v", spec, err)
 	}
 	return name, l, nil
@@ -109,7 +93,7 @@ func limitsSet(r *runner, specs []string) error {
 	}
 	fmt.Fprintf(w, "Limits of tenant %s (%s) set:\n", t.Name, t.ID)
 	for _, name := range sortedNames(set) {
-		fmt.Fprintf(w, "  %-18s %-10s (was: %s)\n", name, formatLimit(set[name]), previous(ch.Before, name))
+		fmt.Fprintf(w, "  %-18s %-10s (was: %s)\n", name, set[name].Spec(), previous(ch.Before, name))
 	}
 	fmt.Fprintln(w, "The sidecars were notified (NOTIFY rate_limit_overrides) and apply them at once.")
 	return nil
@@ -150,7 +134,7 @@ func limitsClear(r *runner, names []string) error {
 	} else {
 		for _, name := range sortedNames(ch.Before.Overrides) {
 			if _, kept := ch.After[name]; !kept {
-				fmt.Fprintf(w, "  %-18s (was: %s)\n", name, formatLimit(ch.Before.Overrides[name]))
+				fmt.Fprintf(w, "  %-18s (was: %s)\n", name, ch.Before.Overrides[name].Spec())
 			}
 		}
 	}
@@ -183,11 +167,11 @@ func writeLimits(w io.Writer, t store.Tenant, l store.TenantLimits) {
 	fmt.Fprintf(w, "  %-18s %-10s %s\n", "BUCKET", "LIMIT", "SOURCE")
 	for _, name := range buckets.OverridableNames() {
 		if o, ok := l.Overrides[name]; ok {
-			fmt.Fprintf(w, "  %-18s %-10s %s\n", name, formatLimit(o), "tenant override")
+			fmt.Fprintf(w, "  %-18s %-10s %s\n", name, o.Spec(), "tenant override")
 			continue
 		}
 		b, _ := buckets.Lookup(name)
-		fmt.Fprintf(w, "  %-18s %-10s %s\n", name, formatLimit(b.Default), "built-in default (RATE_LIMIT_CONFIG may change it)")
+		fmt.Fprintf(w, "  %-18s %-10s %s\n", name, b.Default.Spec(), "built-in default (RATE_LIMIT_CONFIG may change it)")
 	}
 	fmt.Fprintf(w, "stored: %s\n", l.Raw)
 	if l.Invalid != nil {
@@ -211,7 +195,7 @@ func previous(before store.TenantLimits, name string) string {
 		return "an invalid stored document"
 	}
 	if l, ok := before.Overrides[name]; ok {
-		return formatLimit(l)
+		return l.Spec()
 	}
 	return "no override"
 }
@@ -224,20 +208,4 @@ func sortedNames(o buckets.Overrides) []string {
 		}
 	}
 	return names
-}
-
-// formatLimit writes a limit as it is typed: 2000/1s, 10/1m, 3/1h, 5/1500ms.
-func formatLimit(l buckets.Limit) string {
-	return fmt.Sprintf("%d/%s", l.Count, formatWindow(l.Window))
-}
-
-func formatWindow(d time.Duration) string {
-	s := d.String() // 1m0s, 1h0m0s, 1.5s, 500ms
-	if strings.HasSuffix(s, "m0s") {
-		s = strings.TrimSuffix(s, "0s")
-	}
-	if strings.HasSuffix(s, "h0m") {
-		s = strings.TrimSuffix(s, "0m")
-	}
-	return s
 }

@@ -1,6 +1,6 @@
 // Package manage is the core's management commands (CORE_API.md §10): tenants (and
-// their allowed origins), channels, per-tenant rate-limit overrides, portal users and
-// admin users, run as `core <group> <command>`.
+// their allowed origins), channels, per-tenant rate-limit overrides, portal users, admin
+// users and their API tokens, run as `core <group> <command>`.
 //
 // Run takes the arguments after the program name and returns the exit status, so the
 // commands are tested without a process: 0 done, 1 failed (the database, a missing
@@ -8,9 +8,9 @@
 // (unknown command or flag, a missing or malformed argument). Messages go to stderr and
 // name what to fix; results go to stdout.
 //
-// Secrets (API keys, channel secrets, publishable keys, generated passwords) are printed
-// once, labelled as such, and stored only as hashes (the channel secret also sealed with
-// ENCRYPTION_KEY). Every change is made through store.Operator, which writes the change
+// Secrets (API keys, channel secrets, publishable keys, admin tokens, generated
+// passwords) are printed once, labelled as such, and stored only as hashes (the channel
+// secret also sealed with ENCRYPTION_KEY). Every change is made through store.Operator, which writes the change
 // and its audit_logs row (actor from --actor, default cli:$USER; no secrets) in one
 // transaction; limit changes also NOTIFY rate_limit_overrides in that transaction.
 package manage
@@ -97,6 +97,11 @@ admin users:
                                           create an admin; without --password-stdin a
                                           random password is printed once and must be
                                           changed at the first login
+  admins token create --email E --scope read|write [--name N] [--expires-in 90d]
+                                          an API token for the console's API (/admin/api/v1),
+                                          printed once
+  admins token revoke --id ID             stop a token at once
+  admins token list --email E             an admin's tokens (never the tokens themselves)
 
 keys (no database):
   keys generate [--dir DIR]               new TOKEN_SIGNING_KEY, ENCRYPTION_KEY, TOKEN_VERIFY_KEYS
@@ -218,6 +223,7 @@ type runner struct {
 // options are the values of every command's flags.
 type options struct {
 	name, tenant, typ, mode, email string
+	scope, expiresIn, id           string // admins token
 	grace                          time.Duration
 	passwordStdin, sendReset, none bool
 	requireSignature               optionalBool

@@ -101,6 +101,31 @@ func audit(ctx context.Context, tx pgx.Tx, actor, action, resource string, chang
 	return err
 }
 
+// Via returns the audited operations of o, recorded with how the actor acted ("session",
+// "token:<token id>") under "via" in each entry's changes: the admin API tells which of
+// an admin's tokens made a change.
+func (o *Operator) Via(via string) *Operator { return &Operator{s: o.s, actor: o.actor, via: via} }
+
+// audit writes an entry of o's actor within tx.
+func (o *Operator) audit(ctx context.Context, tx pgx.Tx, action, resource string, changes any) error {
+	if o.via != "" {
+		switch c := changes.(type) {
+		case nil:
+			changes = map[string]any{"via": o.via}
+		case map[string]any:
+			m := make(map[string]any, len(c)+1)
+			for k, v := range c {
+				m[k] = v
+			}
+			m["via"] = o.via
+			changes = m
+		default:
+			changes = map[string]any{"value": c, "via": o.via}
+		}
+	}
+	return audit(ctx, tx, o.actor, action, resource, changes)
+}
+
 // Audit records a change made outside the store's audited operations (a login, a
 // setting changed through another path), with secrets redacted.
 func (s *Store) Audit(ctx context.Context, actor, action, resource string, changes any) error {

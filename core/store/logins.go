@@ -392,7 +392,7 @@ func (o *Operator) CreateFirstAdmin(ctx context.Context, email, passwordHash str
 			return err
 		}
 		created = true
-		return audit(ctx, tx, o.actor, "admins.bootstrap", "admin_user:"+u.ID, map[string]any{
+		return o.audit(ctx, tx, "admins.bootstrap", "admin_user:"+u.ID, map[string]any{
 			"after": map[string]any{"email": u.Email, "role": u.Role, "status": u.Status,
 				"must_change_password": u.MustChangePassword},
 		})
@@ -438,7 +438,7 @@ func (o *Operator) CreateTenantUser(ctx context.Context, tenantID, email, passwo
 		if err != nil {
 			return err
 		}
-		return audit(ctx, tx, o.actor, "tenant_users.create", "tenant_user:"+u.ID, map[string]any{
+		return o.audit(ctx, tx, "tenant_users.create", "tenant_user:"+u.ID, map[string]any{
 			"after": map[string]any{"tenant_id": u.TenantID, "email": u.Email, "role": u.Role, "status": u.Status,
 				"must_change_password": u.MustChangePassword},
 		})

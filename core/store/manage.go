@@ -6,8 +6,10 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math"
 	"net/mail"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 	"unicode"
@@ -76,6 +78,7 @@ func CheckEmail(email string) error {
 type Operator struct {
 	s     *Store
 	actor string
+	via   string // how the actor acted, when it matters (Via)
 }
 
 // As returns the audited operations, recorded as done by actor ("cli:alice",
@@ -103,7 +106,7 @@ func (o *Operator) CreateTenant(ctx context.Context, name string) (Tenant, strin
 		if err != nil {
 			return err
 		}
-		return audit(ctx, tx, o.actor, "tenants.create", tenantResource(t.ID), map[string]any{
+		return o.audit(ctx, tx, "tenants.create", tenantResource(t.ID), map[string]any{
 			"after": map[string]any{"name": t.Name, "status": t.Status, "api_key_prefix": t.APIKeyPrefix},
 		})
 	})
@@ -164,7 +167,7 @@ func (o *Operator) RotateAPIKey(ctx context.Context, tenantID string, grace time
 		if expires != nil {
 			r.PreviousExpiresAt = *expires
 		}
-		return audit(ctx, tx, o.actor, "tenants.rotate_key", tenantResource(r.Tenant.ID), map[string]any{
+		return o.audit(ctx, tx, "tenants.rotate_key", tenantResource(r.Tenant.ID), map[string]any{
 			"before": map[string]any{"api_key_prefix": r.PreviousPrefix},
 			"after": map[string]any{"api_key_prefix": r.Tenant.APIKeyPrefix,
 				"previous_api_key_expires_at": expires},
@@ -220,7 +223,7 @@ func (o *Operator) CreateChannel(ctx context.Context, tenantID, name, typ, mode 
 			FROM channels c JOIN tenants t ON t.id = c.tenant_id WHERE c.id = $1`, id)); err != nil {
 			return err
 		}
-		return audit(ctx, tx, o.actor, "channels.create", "channel:"+c.ID, map[string]any{
+		return o.audit(ctx, tx, "channels.create", "channel:"+c.ID, map[string]any{
 			"after": map[string]any{"tenant_id": c.TenantID, "name": c.Name, "type": c.Type, "mode": c.Mode,
 				"status": c.Status, "require_signature": c.RequireSignature},
 		})
@@ -284,6 +287,28 @@ func CheckOverride(name string, l buckets.Limit) error {
 	return nil
 }
 
+// ParseOverride reads an override of bucket name as `core limits set` and the console's
+// form take it, "LIMIT/WINDOW" (e.g. "2000/1s"), and checks it (CheckOverride).
+func ParseOverride(name, value string) (buckets.Limit, error) {
+	if b, ok := buckets.Lookup(name); !ok || !b.Overridable {
+		return buckets.Limit{}, invalidf("%q is not an overridable bucket (allowed: %s)", name, strings.Join(buckets.OverridableNames(), ", "))
+	}
+	count, window, ok := strings.Cut(strings.TrimSpace(value), "/")
+	if !ok {
+		return buckets.Limit{}, invalidf("%q: write LIMIT/WINDOW, e.g. 2000/1s", value)
+	}
+	n, err := strconv.ParseUint(count, 10, 64)
+	if err != nil || n == 0 || n > math.MaxUint32 {
+		return buckets.Limit{}, invalidf("the limit %q must be a positive integer up to %d", count, uint32(math.MaxUint32))
+	}
+	d, err := time.ParseDuration(window)
+	if err != nil {
+		return buckets.Limit{}, invalidf("the window %q is not a duration such as 500ms, 1s, 60s or 1h", window)
+	}
+	l := buckets.Limit{Count: uint32(n), Window: d}
+	return l, CheckOverride(name, l)
+}
+
 // SetLimits merges set into a tenant's overrides. The merged document must pass
 // buckets.ParseOverrides. The UPDATE, NOTIFY rate_limit_overrides '<tenant id>' and the
 // audit row (before and after) are one transaction, so the sidecars hear of the change
@@ -320,6 +345,40 @@ func (o *Operator) ClearLimits(ctx context.Context, tenantID string, names []str
 		}
 		for _, name := range names {
 			delete(doc, name)
+		}
+	})
+}
+
+// EditLimits sets the overrides in set and removes those named in drop, in one
+// transaction, as SetLimits and ClearLimits do (the console's form, which shows every
+// bucket): audited as limits.set, or limits.clear when nothing is set.
+func (o *Operator) EditLimits(ctx context.Context, tenantID string, set buckets.Overrides, drop []string) (LimitsChange, error) {
+	if len(set) == 0 && len(drop) == 0 {
+		return LimitsChange{}, invalidf("no limits to set or clear")
+	}
+	for name, l := range set {
+		if err := CheckOverride(name, l); err != nil {
+			return LimitsChange{}, err
+		}
+	}
+	for _, name := range drop {
+		if b, ok := buckets.Lookup(name); !ok || !b.Overridable {
+			return LimitsChange{}, invalidf("%q is not an overridable bucket (allowed: %s)", name, strings.Join(buckets.OverridableNames(), ", "))
+		}
+		if _, both := set[name]; both {
+			return LimitsChange{}, invalidf("%s is both set and cleared", name)
+		}
+	}
+	action := "limits.set"
+	if len(set) == 0 {
+		action = "limits.clear"
+	}
+	return o.changeLimits(ctx, tenantID, action, func(doc map[string]json.RawMessage) {
+		for _, name := range drop {
+			delete(doc, name)
+		}
+		for name, l := range set {
+			doc[name] = json.RawMessage(fmt.Sprintf(`{"limit":%d,"scale_ms":%d}`, l.Count, l.Window.Milliseconds()))
 		}
 	})
 }
@@ -362,7 +421,7 @@ func (o *Operator) changeLimits(ctx context.Context, tenantID, action string, ed
 		if _, err := tx.Exec(ctx, `SELECT pg_notify($1, $2)`, NotifyRateLimitOverrides, tenantID); err != nil {
 			return err
 		}
-		return audit(ctx, tx, o.actor, action, tenantResource(tenantID), map[string]any{
+		return o.audit(ctx, tx, action, tenantResource(tenantID), map[string]any{
 			"before": ch.Before.Raw, "after": json.RawMessage(after),
 		})
 	})
@@ -399,7 +458,7 @@ func (o *Operator) CreateAdminUser(ctx context.Context, email, passwordHash stri
 		if err != nil {
 			return err
 		}
-		return audit(ctx, tx, o.actor, "admins.create", "admin_user:"+u.ID, map[string]any{
+		return o.audit(ctx, tx, "admins.create", "admin_user:"+u.ID, map[string]any{
 			"after": map[string]any{"email": u.Email, "role": u.Role, "status": u.Status,
 				"must_change_password": u.MustChangePassword},
 		})

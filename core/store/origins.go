@@ -147,7 +147,7 @@ func (o *Operator) SetTenantOrigins(ctx context.Context, tenantID string, origin
 		if _, err := tx.Exec(ctx, `UPDATE tenants SET allowed_origins = $2, updated_at = now() WHERE id = $1`, tenantID, after); err != nil {
 			return err
 		}
-		return audit(ctx, tx, o.actor, "tenants.origins_set", tenantResource(t.ID), map[string]any{
+		return o.audit(ctx, tx, "tenants.origins_set", tenantResource(t.ID), map[string]any{
 			"before": ch.Before, "after": after,
 		})
 	})

@@ -72,7 +72,7 @@ func (o *Operator) SetTenantStatus(ctx context.Context, tenantID, status string)
 		}
 		before := t.Status
 		t.Status, changed = status, true
-		return audit(ctx, tx, o.actor, statusAction("tenants", status), tenantResource(t.ID), map[string]any{
+		return o.audit(ctx, tx, statusAction("tenants", status), tenantResource(t.ID), map[string]any{
 			"before": map[string]any{"status": before}, "after": map[string]any{"status": t.Status},
 		})
 	})
@@ -134,7 +134,7 @@ func (o *Operator) updateChannel(ctx context.Context, channelID, action, column 
 			return err
 		}
 		changed = true
-		return audit(ctx, tx, o.actor, action, channelResource(c.ID), map[string]any{
+		return o.audit(ctx, tx, action, channelResource(c.ID), map[string]any{
 			"tenant_id": c.TenantID, "before": map[string]any{column: before}, "after": map[string]any{column: value},
 		})
 	})
@@ -201,7 +201,7 @@ func (o *Operator) SetTenantUserStatus(ctx context.Context, userID, status strin
 		if status == StatusInactive {
 			changes["sessions_ended"], changes["reset_links_voided"] = sessions, resets
 		}
-		return audit(ctx, tx, o.actor, statusAction("tenant_users", status), tenantUserResource(u.ID), changes)
+		return o.audit(ctx, tx, statusAction("tenant_users", status), tenantUserResource(u.ID), changes)
 	})
 	return u, changed, err
 }

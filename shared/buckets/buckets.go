@@ -28,6 +28,18 @@ type Limit struct {
 // String formats a limit as "100/1s".
 func (l Limit) String() string { return fmt.Sprintf("%d/%s", l.Count, l.Window) }
 
+// Spec writes a limit as `core limits set` takes it: 2000/1s, 10/1m, 3/1h, 5/1500ms.
+func (l Limit) Spec() string {
+	w := l.Window.String() // 1m0s, 1h0m0s, 1.5s, 500ms
+	if strings.HasSuffix(w, "m0s") {
+		w = strings.TrimSuffix(w, "0s")
+	}
+	if strings.HasSuffix(w, "h0m") {
+		w = strings.TrimSuffix(w, "0m")
+	}
+	return fmt.Sprintf("%d/%s", l.Count, w)
+}
+
 // Bucket is one built-in bucket.
 type Bucket struct {
 	Name string
@@ -55,6 +67,7 @@ const (
 	LoginAccount         = "login_account"
 	PasswordResetIP      = "password_reset_ip"
 	PasswordResetAccount = "password_reset_account"
+	AdminWrite           = "admin_write"
 )
 
 // BuiltIn lists the built-in buckets in a stable order.
@@ -70,6 +83,9 @@ var BuiltIn = []Bucket{
 	{LoginAccount, Limit{5, time.Minute}, PerAccount, "", false},
 	{PasswordResetIP, Limit{5, time.Minute}, PerIP, "ip:", false},
 	{PasswordResetAccount, Limit{3, time.Hour}, PerAccount, "", false},
+	// The console's changes (the admin API's writes and the admin pages' forms), counted
+	// before the admin is authenticated.
+	{AdminWrite, Limit{60, time.Minute}, PerIP, "ip:", false},
 }
 
 // Lookup returns the built-in bucket with that name.

@@ -50,7 +50,7 @@ func TestBuiltInTable(t *testing.T) {
 		ActivityCreate: {100, time.Second}, Upload: {10, time.Second}, Inbound: {500, time.Second},
 		TokenGenerate: {10, time.Minute}, PublishableTokenIP: {10, time.Minute}, PublishableToken: {300, time.Minute},
 		TokenCreate: {10, time.Minute}, LoginIP: {5, time.Minute}, LoginAccount: {5, time.Minute},
-		PasswordResetIP: {5, time.Minute}, PasswordResetAccount: {3, time.Hour},
+		PasswordResetIP: {5, time.Minute}, PasswordResetAccount: {3, time.Hour}, AdminWrite: {60, time.Minute},
 	}
 	if len(BuiltIn) != len(want) {
 		t.Fatalf("%d built-in buckets, want %d", len(BuiltIn), len(want))
@@ -72,6 +72,17 @@ func TestBuiltInTable(t *testing.T) {
 	for s, ok := range map[string]bool{"a": true, "conversation_create": true, "": false, "A": false, "a-b": false, strings.Repeat("a", 65): false} {
 		if ValidName(s) != ok {
 			t.Errorf("ValidName(%q) != %v", s, ok)
+		}
+	}
+}
+
+func TestLimitSpec(t *testing.T) {
+	for l, want := range map[Limit]string{
+		{2000, time.Second}: "2000/1s", {10, time.Minute}: "10/1m", {3, time.Hour}: "3/1h",
+		{5, 1500 * time.Millisecond}: "5/1.5s", {7, 500 * time.Millisecond}: "7/500ms", {1, 90 * time.Minute}: "1/1h30m",
+	} {
+		if got := l.Spec(); got != want {
+			t.Errorf("%v.Spec() = %q, want %q", l, got, want)
 		}
 	}
 }

@@ -1,6 +1,7 @@
 // Package limiterclient is the Go client of the sidecar's Limiter gRPC service: Check,
 // Peek, Record, Take and Refund on a bucket and key, for the core's login lockout,
-// password resets and the activities of the legacy WebSocket.
+// password resets and the activities of the legacy WebSocket; and the console's view of
+// the sidecar (buckets, minute counts, busiest keys, cluster).
 package limiterclient
 
 import (
@@ -49,6 +50,10 @@ func New(addr string, opts ...grpc.DialOption) (*Client, error) {
 // Close closes the connection.
 func (c *Client) Close() error { return c.conn.Close() }
 
+// State is the connection's state as gRPC names it (IDLE, CONNECTING, READY,
+// TRANSIENT_FAILURE, SHUTDOWN), for readiness reports.
+func (c *Client) State() string { return c.conn.GetState().String() }
+
 // Check counts hits on bucket/key and decides.
 func (c *Client) Check(ctx context.Context, bucket, key string, hits uint32) (Result, error) {
 	return result(c.api.Check(ctx, &limiterpb.LimitRequest{Bucket: bucket, Key: key, Hits: hits}))
@@ -85,4 +90,29 @@ func result(r *limiterpb.LimitResponse, err error) (Result, error) {
 		Window:     time.Duration(r.GetWindowMs()) * time.Millisecond,
 		RetryAfter: time.Duration(r.GetRetryAfterMs()) * time.Millisecond,
 	}, nil
+}
+
+// The console's view of the sidecar (the answers are the service's messages, described
+// in shared/limiterpb/limiter.proto).
+
+// Buckets returns the buckets with their built-in and installation limits.
+func (c *Client) Buckets(ctx context.Context) (*limiterpb.BucketsResponse, error) {
+	return c.api.Buckets(ctx, &limiterpb.BucketsRequest{})
+}
+
+// Traffic returns each bucket's allowed and denied decisions of every minute of the
+// last hour, every member's in a cluster.
+func (c *Client) Traffic(ctx context.Context) (*limiterpb.TrafficResponse, error) {
+	return c.api.Traffic(ctx, &limiterpb.TrafficRequest{})
+}
+
+// Busiest returns up to top (1 to 100; 0: 10) of the busiest keys of each bucket, or of
+// one bucket when bucket is not empty.
+func (c *Client) Busiest(ctx context.Context, top uint32, bucket string) (*limiterpb.BusiestResponse, error) {
+	return c.api.Busiest(ctx, &limiterpb.BusiestRequest{Top: top, Bucket: bucket})
+}
+
+// Cluster returns the backend, this node and the cluster's live members.
+func (c *Client) Cluster(ctx context.Context) (*limiterpb.ClusterResponse, error) {
+	return c.api.Cluster(ctx, &limiterpb.ClusterRequest{})
 }

@@ -3,6 +3,7 @@
 package pgserver
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -132,6 +133,55 @@ func (s *Server) Restart(ctx context.Context) error {
 		return fmt.Errorf("pgserver: cannot restart, data directory is gone: %w", err)
 	}
 	return s.launchLocked(ctx)
+}
+
+// Pause stops every process of the server (SIGSTOP): it keeps its
+// connections and port but answers nothing, as a hung database does, until Resume.
+func (s *Server) Pause() error { return s.signalAll(syscall.SIGSTOP) }
+
+// Resume lets a paused server run again (SIGCONT).
+func (s *Server) Resume() error { return s.signalAll(syscall.SIGCONT) }
+
+func (s *Server) signalAll(sig syscall.Signal) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.proc == nil {
+		return errors.New("pgserver: the server is not running")
+	}
+	return signalTree(s.proc.cmd.Process.Pid, sig)
+}
+
+// signalTree signals the postmaster pid and its children (the backends and background
+// processes, each of which makes itself a process group leader, so that a signal to the
+// postmaster's group does not reach them). The postmaster is signalled first, so that
+// it starts no child in between.
+func signalTree(pid int, sig syscall.Signal) error {
+	if err := syscall.Kill(pid, sig); err != nil {
+		return fmt.Errorf("pgserver: %v: %w", sig, err)
+	}
+	entries, err := os.ReadDir("/proc")
+	if err != nil {
+		return fmt.Errorf("pgserver: %w", err)
+	}
+	for _, e := range entries {
+		child, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		stat, err := os.ReadFile(filepath.Join("/proc", e.Name(), "stat"))
+		if err != nil {
+			continue // gone already
+		}
+		// pid (comm) state ppid ...: comm may hold spaces and parentheses.
+		i := bytes.LastIndexByte(stat, ')')
+		if i < 0 {
+			continue
+		}
+		if f := strings.Fields(string(stat[i+1:])); len(f) > 1 && f[1] == strconv.Itoa(pid) {
+			_ = syscall.Kill(child, sig)
+		}
+	}
+	return nil
 }
 
 // CreateDatabase creates a database and returns its URL.
@@ -346,7 +396,8 @@ func (s *Server) shutdownLocked() error {
 		return fmt.Errorf("pgserver: postgres had exited unexpectedly (%v):\n%s", p.err, s.log.String())
 	default:
 	}
-	_ = p.cmd.Process.Signal(syscall.SIGINT) // fast shutdown
+	_ = signalTree(p.cmd.Process.Pid, syscall.SIGCONT) // a paused server could not stop
+	_ = p.cmd.Process.Signal(syscall.SIGINT)           // fast shutdown
 	select {
 	case <-p.done:
 		return nil

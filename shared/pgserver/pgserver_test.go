@@ -215,6 +215,47 @@ func TestRestartTemporaryServer(t *testing.T) {
 	mustExec(t, srv.URL(), "INSERT INTO t VALUES (1)")
 }
 
+// A paused server answers nothing, open connections included, until it is resumed; a
+// paused server still stops.
+func TestPauseResume(t *testing.T) {
+	t.Parallel()
+	srv := StartForTest(t)
+	ctx := testContext(t)
+	conn, err := pgx.Connect(ctx, srv.URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(context.Background())
+	if err := srv.Pause(); err != nil {
+		t.Fatal(err)
+	}
+	qctx, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
+	err = conn.Ping(qctx)
+	cancel()
+	if err == nil {
+		t.Fatal("a paused server answered")
+	}
+	if err := srv.Resume(); err != nil {
+		t.Fatal(err)
+	}
+	if got := mustQuery(t, srv.URL(), "SELECT 1"); got != "1" {
+		t.Fatalf("after Resume: %q", got)
+	}
+	if err := srv.Pause(); err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	if err := srv.Shutdown(); err != nil {
+		t.Fatal(err)
+	}
+	if d := time.Since(start); d > 10*time.Second {
+		t.Fatalf("a paused server took %v to stop", d)
+	}
+	if err := srv.Pause(); err == nil {
+		t.Fatal("Pause of a stopped server succeeded")
+	}
+}
+
 func TestErrors(t *testing.T) {
 	t.Parallel()
 	t.Run("no binaries", func(t *testing.T) {

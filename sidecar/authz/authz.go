@@ -24,6 +24,7 @@ import (
 	"github.com/converger/edge/sidecar/metrics"
 	"github.com/converger/edge/sidecar/routes"
 	"github.com/converger/edge/sidecar/tenants"
+	"github.com/converger/edge/sidecar/traffic"
 )
 
 // Overrides gives a tenant's limit overrides; *tenants.Directory implements it.
@@ -47,6 +48,10 @@ type Server struct {
 	overrides Overrides // nil without a database
 	metrics   *metrics.Metrics
 	none      prometheus.Counter
+	traffic   *traffic.Recorder // nil: decisions are not recorded for the live view
+	slots     chan struct{}     // one per Check being decided
+	longest   time.Duration     // the longest a decision may take (its database wait)
+	shed      prometheus.Counter
 }
 
 // step is a route step with everything resolved that does not depend on the request.
@@ -65,7 +70,8 @@ type counter struct {
 
 // New builds the server for a route table.
 func New(table *routes.Table, ident *identity.Resolver, lim *limiter.Limiter, limits BaseLimits, overrides Overrides, m *metrics.Metrics) (*Server, error) {
-	s := &Server{table: table, ident: ident, limiter: lim, overrides: overrides, metrics: m, none: m.Unlimited()}
+	s := &Server{table: table, ident: ident, limiter: lim, overrides: overrides, metrics: m, none: m.Unlimited(),
+		slots: make(chan struct{}, DefaultMaxInFlight), shed: m.Shed()}
 	mk := func(name string, route buckets.Limit) (counter, error) {
 		base, ok := limits.BaseLimit(name, route)
 		if !ok {
@@ -94,11 +100,45 @@ func New(table *routes.Table, ident *identity.Resolver, lim *limiter.Limiter, li
 	return s, nil
 }
 
+// RecordTraffic makes every decision count in the live view's minutes and busiest keys
+// (sidecar/traffic). Call it before serving.
+func (s *Server) RecordTraffic(r *traffic.Recorder) { s.traffic = r }
+
+// Budget bounds of a Check waiting for its turn: without a deadline from the caller it
+// waits at most defaultBudget; with one, it keeps a fifth of the time to its deadline
+// (at least minAnswerMargin) for the answer to travel, so that it arrives in time.
+const (
+	defaultBudget   = 200 * time.Millisecond
+	minAnswerMargin = 25 * time.Millisecond
+)
+
+// DefaultMaxInFlight is the bound on Checks decided at once until LimitInFlight.
+const DefaultMaxInFlight = 256
+
+// LimitInFlight bounds the Checks decided at once to n; longest is the longest a
+// decision may take (the database wait of a credential not cached). Call it before
+// serving. Beyond the bound a Check waits for its turn while its decision could still
+// be in time — until longest and a margin before its deadline (Envoy's timeout, sent
+// as grpc-timeout) — then gets the fast decision of overloaded, so that an
+// overloaded sidecar still answers within the budget, and never with an error or late,
+// either of which Envoy, with failure_mode_allow, takes as "let it through".
+func (s *Server) LimitInFlight(n int, longest time.Duration) {
+	s.slots = make(chan struct{}, n)
+	s.longest = longest
+}
+
 // Check decides on one request. Every decision is an answer, never a gRPC error: Envoy
 // treats errors as failures of the service, not as denials.
-func (s *Server) Check(_ context.Context, req *authv3.CheckRequest) (*authv3.CheckResponse, error) {
+func (s *Server) Check(ctx context.Context, req *authv3.CheckRequest) (*authv3.CheckResponse, error) {
 	start := time.Now()
-	resp := s.check(req)
+	var resp *authv3.CheckResponse
+	if s.admit(ctx, start) {
+		resp = s.check(req)
+		<-s.slots
+	} else {
+		s.shed.Inc()
+		resp = s.overloaded(req)
+	}
 	s.metrics.ObserveCheck(time.Since(start))
 	return resp, nil
 }
@@ -125,6 +165,52 @@ func (s *Server) Decide(r Request) *authv3.CheckResponse {
 	s.metrics.ObserveCheck(time.Since(start))
 	return resp
 }
+
+// admit takes a turn among the Checks in flight, waiting within the budget.
+func (s *Server) admit(ctx context.Context, start time.Time) bool {
+	select {
+	case s.slots <- struct{}{}:
+		return true
+	default:
+	}
+	until := start.Add(defaultBudget)
+	if d, ok := ctx.Deadline(); ok {
+		until = d.Add(-max(minAnswerMargin, d.Sub(start)/5))
+	}
+	until = until.Add(-s.longest)
+	wait := time.Until(until)
+	if wait <= 0 {
+		return false
+	}
+	t := time.NewTimer(wait)
+	defer t.Stop()
+	select {
+	case s.slots <- struct{}{}:
+		return true
+	case <-t.C:
+		return false
+	case <-ctx.Done():
+		return false
+	}
+}
+
+// overloaded is the fast decision of a Check that got no turn: requests on routes that
+// are not limited are allowed, as they would be; the others are denied with 503
+// unavailable and retry-after, so that an overloaded sidecar neither lets limited
+// traffic through unchecked nor counts it.
+func (s *Server) overloaded(req *authv3.CheckRequest) *authv3.CheckResponse {
+	h := req.GetAttributes().GetRequest().GetHttp()
+	if route, _, ok := s.table.Match(h.GetMethod(), h.GetPath()); !ok || route.Core {
+		s.none.Inc()
+		return allow()
+	}
+	extra := []*corev3.HeaderValueOption{header("retry-after", "1")}
+	return deny(Overloaded, codes.Unavailable, apierror.RateLimitDetails{RetryAfterMS: 1000}, headerFunc(h)("x-request-id"), extra)
+}
+
+// Overloaded is the answer to a request on a limited route that an overloaded sidecar
+// had no time to decide on.
+var Overloaded = apierror.Unavailable.WithMessage("The service is overloaded. Please try again shortly.")
 
 func (s *Server) check(req *authv3.CheckRequest) *authv3.CheckResponse {
 	attrs := req.GetAttributes()
@@ -159,7 +245,11 @@ func (s *Server) decide(req Request) *authv3.CheckResponse {
 		if id.Src == token.SrcPublishable && st.publishable.name != "" {
 			c = &st.publishable
 		}
-		res := s.limiter.Check(limiter.Key{Bucket: c.id, ID: id.ID}, 1, s.limit(c, id.TenantID))
+		k := limiter.Key{Bucket: c.id, ID: id.ID}
+		res := s.limiter.Check(k, 1, s.limit(c, id.TenantID))
+		if s.traffic != nil {
+			s.traffic.Note(k, res)
+		}
 		if !res.Allowed {
 			c.metrics.Denied.Inc()
 			c.metrics.Exceeded.Inc()

@@ -16,6 +16,7 @@ import (
 	"github.com/converger/edge/sidecar/limiter"
 	"github.com/converger/edge/sidecar/metrics"
 	"github.com/converger/edge/sidecar/routes"
+	"github.com/converger/edge/sidecar/traffic"
 )
 
 type defaults struct{}
@@ -72,9 +73,24 @@ func TestHeaderMapIsRead(t *testing.T) {
 }
 
 // BenchmarkCheck measures the sidecar's own work per Check (no gRPC): route matching,
-// identity, limit and response, over a mix of routes and 10,000 keys.
+// identity, limit and response, over a mix of routes and 10,000 keys; with the live
+// view's recorder (traffic=on, as the sidecar runs) and without it (traffic=off), so
+// that one run compares them (benchstat).
 func BenchmarkCheck(b *testing.B) {
+	for _, on := range []bool{false, true} {
+		name := "traffic=off"
+		if on {
+			name = "traffic=on"
+		}
+		b.Run(name, func(b *testing.B) { benchmarkCheck(b, on) })
+	}
+}
+
+func benchmarkCheck(b *testing.B, recordTraffic bool) {
 	s, signer := newServer(b)
+	if recordTraffic {
+		s.RecordTraffic(traffic.New(s.limiter))
+	}
 	var reqs []*authv3.CheckRequest
 	for i := range 10_000 {
 		ip := fmt.Sprintf("198.51.%d.%d", i/250, i%250)

@@ -26,6 +26,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/converger/edge/sidecar/limiter"
+	"github.com/converger/edge/sidecar/traffic"
 )
 
 // Config configures a node.
@@ -53,6 +54,11 @@ type Config struct {
 	// PushPullInterval is how often memberlist exchanges full state with a random peer
 	// (30 s when zero).
 	PushPullInterval time.Duration
+	// Traffic, when set, gets the minute counts the other nodes report and the keys
+	// they count, and this node's minute counts are sent to them every TrafficInterval
+	// (DefaultTrafficInterval when zero): the console's merged view (traffic.go).
+	Traffic         *traffic.Recorder
+	TrafficInterval time.Duration
 	// Now is the wall clock (time.Now when nil).
 	Now      func() time.Time
 	Logger   *slog.Logger
@@ -88,6 +94,9 @@ type Cluster struct {
 	membersMu sync.Mutex
 	members   map[string]memberlist.Node // live members, copied in the events
 	gone      map[string]struct{}        // members that left or were declared dead
+
+	peersMu    sync.Mutex
+	peerStates map[string]*peerState // by member name (traffic.go)
 }
 
 // Start joins (or founds) the cluster and starts replicating lim's counters.
@@ -103,6 +112,9 @@ func Start(cfg Config, lim *limiter.Limiter) (*Cluster, error) {
 	}
 	if cfg.DNSInterval <= 0 {
 		cfg.DNSInterval = 10 * time.Second
+	}
+	if cfg.TrafficInterval <= 0 {
+		cfg.TrafficInterval = DefaultTrafficInterval
 	}
 	bindHost, bindPort, err := splitHostPort(cfg.BindAddr)
 	if err != nil {
@@ -126,6 +138,9 @@ func Start(cfg Config, lim *limiter.Limiter) (*Cluster, error) {
 		members: map[string]memberlist.Node{},
 	}
 	c.rep = newReplicator(lim, c.origin, cfg.ShareMode)
+	if cfg.Traffic != nil {
+		c.rep.merged = c.offerBusy
+	}
 	c.slots = c.rep.slots
 	c.m = newMetrics(cfg.Registry, c.newestAge)
 
@@ -151,6 +166,9 @@ func Start(cfg Config, lim *limiter.Limiter) (*Cluster, error) {
 		"strategy", cfg.Strategy, "encrypted", len(cfg.SecretKey) > 0, "sync_interval", cfg.SyncInterval, "share_mode", cfg.ShareMode)
 
 	c.wg.Go(c.syncLoop)
+	if cfg.Traffic != nil {
+		c.wg.Go(c.trafficLoop)
+	}
 	switch cfg.Strategy {
 	case "static":
 		c.wg.Go(c.joinStatic)
@@ -420,6 +438,9 @@ func (c *Cluster) receive(m message, direct bool) (dropped int) {
 	}
 	dropped = c.rep.receive(m, direct, c.nowMS())
 	c.m.stale.Add(float64(dropped))
+	if dropped > 0 {
+		c.noteStale(m.origin, dropped)
+	}
 	return dropped
 }
 
@@ -474,6 +495,10 @@ func (d *delegate) GetBroadcasts(int, int) [][]byte { return nil }
 func (d *delegate) c() *Cluster                     { return (*Cluster)(d) }
 func (d *delegate) NotifyMsg(b []byte) {
 	c := d.c()
+	if len(b) > 0 && b[0] == trafficKind {
+		c.receiveTraffic(b)
+		return
+	}
 	m, err := decode(b)
 	if err != nil {
 		c.m.malformed.Inc()
@@ -482,6 +507,9 @@ func (d *delegate) NotifyMsg(b []byte) {
 	c.m.messages.WithLabelValues("received").Inc()
 	c.m.bytes.WithLabelValues("received").Add(float64(len(b)))
 	c.m.mergeLag.Observe(float64(max(c.nowMS()-m.sentAt, 0)) / 1000)
+	if m.origin != c.origin {
+		c.heard(m.origin, m.sentAt, c.nowMS())
+	}
 	c.receive(m, true)
 }
 

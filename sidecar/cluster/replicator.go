@@ -15,6 +15,9 @@ type replicator struct {
 	slots  *slots
 	share  bool
 	resend []limiter.Key // sent in the last flush, sent once more in the next
+	// merged, when set, is told of every value of another node merged here (the live
+	// view's busy keys).
+	merged func(value)
 }
 
 func newReplicator(lim *limiter.Limiter, origin string, share bool) *replicator {
@@ -95,8 +98,13 @@ func (r *replicator) receive(m message, direct bool, now int64) (dropped int) {
 		r.slots.sawDirect(m.origin)
 	}
 	for _, v := range m.values {
-		if r.slots.merge(m.origin, v, m.sentAt, now) == stale {
+		switch r.slots.merge(m.origin, v, m.sentAt, now) {
+		case stale:
 			dropped++
+		case merged:
+			if r.merged != nil {
+				r.merged(v)
+			}
 		}
 	}
 	return dropped

@@ -46,6 +46,14 @@ type Config struct {
 	Verifier  *token.Verifier
 	LogLevel  slog.Level
 	LogFormat string // "json" or "text"
+	// MaxChecksInFlight bounds the Checks being decided at once
+	// (SIDECAR_MAX_CHECKS_IN_FLIGHT); beyond it a Check waits for its turn within its
+	// deadline, then gets the fast 503 decision.
+	MaxChecksInFlight int
+	// HTTPMaxConns and HTTPMaxConnsPerIP bound the HTTP port's connections in total
+	// (SIDECAR_HTTP_MAX_CONNS; 0: from the open-files limit) and per client address but
+	// the TRUSTED_PROXIES (SIDECAR_HTTP_MAX_CONNS_PER_IP; 0: none).
+	HTTPMaxConns, HTTPMaxConnsPerIP int
 
 	// From RATE_LIMIT_CONFIG.
 	Limits        map[string]buckets.Limit // installation-wide limits by bucket
@@ -77,6 +85,8 @@ type Cluster struct {
 
 // Defaults.
 const (
+	DefaultMaxChecksInFlight = 256 // as authz.DefaultMaxInFlight
+
 	DefaultGRPCAddr = "127.0.0.1:8081"
 	DefaultHTTPAddr = "127.0.0.1:8082"
 	DefaultBindAddr = "127.0.0.1:7946"
@@ -95,6 +105,9 @@ func Load(getenv func(string) string) (*Config, error) {
 		CredentialTTL: 30 * time.Second,
 		DBWait:        50 * time.Millisecond,
 		LogFormat:     "json",
+
+		MaxChecksInFlight: DefaultMaxChecksInFlight,
+		HTTPMaxConnsPerIP: 512,
 	}
 	for _, v := range []struct{ name, val string }{{"SIDECAR_GRPC_ADDR", c.GRPCAddr}, {"SIDECAR_HTTP_ADDR", c.HTTPAddr}} {
 		if err := checkAddr(v.val); err != nil {
@@ -128,6 +141,23 @@ func Load(getenv func(string) string) (*Config, error) {
 	if v := getenv("TOKEN_VERIFY_KEYS"); strings.TrimSpace(v) != "" {
 		if c.Verifier, err = token.ParseVerifyKeys(v); err != nil {
 			return nil, fmt.Errorf("TOKEN_VERIFY_KEYS: %w", err)
+		}
+	}
+	for _, n := range []struct {
+		name string
+		dst  *int
+		min  int
+	}{
+		{"SIDECAR_MAX_CHECKS_IN_FLIGHT", &c.MaxChecksInFlight, 1},
+		{"SIDECAR_HTTP_MAX_CONNS", &c.HTTPMaxConns, 1},
+		{"SIDECAR_HTTP_MAX_CONNS_PER_IP", &c.HTTPMaxConnsPerIP, 0},
+	} {
+		if v := strings.TrimSpace(getenv(n.name)); v != "" {
+			i, err := strconv.Atoi(v)
+			if err != nil || i < n.min || i > 1_000_000 {
+				return nil, fmt.Errorf("%s=%q: must be a whole number from %d to 1000000", n.name, v, n.min)
+			}
+			*n.dst = i
 		}
 	}
 	switch v := strings.ToLower(orDefault(getenv("LOG_LEVEL"), "info")); v {

@@ -54,6 +54,9 @@ func TestDefaults(t *testing.T) {
 		{"DBWait", c.DBWait, 50 * time.Millisecond},
 		{"len(Limits)", len(c.Limits), 0},
 		{"Verifier is nil", c.Verifier == nil, true},
+		{"MaxChecksInFlight", c.MaxChecksInFlight, 256},
+		{"HTTPMaxConns", c.HTTPMaxConns, 0},
+		{"HTTPMaxConnsPerIP", c.HTTPMaxConnsPerIP, 512},
 	} {
 		if f.got != f.want {
 			t.Errorf("%s = %v, want %v", f.name, f.got, f.want)
@@ -124,6 +127,9 @@ func TestInvalidEnvironment(t *testing.T) {
 		{"SIDECAR_HTTP_ADDR", "8082"},
 		{"SIDECAR_HTTP_ADDR", "127.0.0.1:65536"},
 		{"SIDECAR_HTTP_ADDR", "127.0.0.1:"},
+		{"SIDECAR_MAX_CHECKS_IN_FLIGHT", "0"},
+		{"SIDECAR_HTTP_MAX_CONNS", "lots"},
+		{"SIDECAR_HTTP_MAX_CONNS_PER_IP", "-5"},
 		{"DATABASE_URL", "postgres://sidecar:hunter2@db:notaport/converger"},
 		{"DATABASE_URL", "postgres://db/converger?sslmode=sometimes&password=hunter2"},
 		{"DATABASE_URL", "host=db password=hunter2 nonsense"},

@@ -1,6 +1,7 @@
 // Package limitapi serves the project's Limiter gRPC API (shared/limiterpb): Check, Peek,
 // Record, Take and Refund on the sidecar's counters, for the core's login lockout,
-// password resets and the activities of the legacy WebSocket.
+// password resets and the activities of the legacy WebSocket; and the console's live
+// view (live.go): the buckets, the minute counts, the busiest keys and the cluster.
 package limitapi
 
 import (
@@ -43,6 +44,11 @@ type Server struct {
 	limits    BaseLimits
 	overrides Overrides // nil without a database
 	metrics   *metrics.Metrics
+
+	// The console's view (live.go): set by ServeLiveView.
+	live     LiveView
+	prefixes map[string]string      // bucket → the key prefix of its documented keys
+	per      map[string]buckets.Per // bucket → what it is counted per
 }
 
 // New returns the service over lim. overrides may be nil (no database): then only the
@@ -142,6 +148,9 @@ func (s *Server) do(o op, r *limiterpb.LimitRequest) (*limiterpb.LimitResponse, 
 		res = s.limiter.Take(k, hits, lim)
 	case refund:
 		res = s.limiter.Refund(k, hits, lim)
+	}
+	if (o == check || o == take) && s.live.Traffic != nil {
+		s.live.Traffic.Note(k, res)
 	}
 	m := s.metrics.Bucket(name)
 	switch {

@@ -31,6 +31,7 @@ type Metrics struct {
 	duration prometheus.Histogram
 	cache    *prometheus.CounterVec
 	dbErrors *prometheus.CounterVec
+	shed     prometheus.Counter
 
 	mu      sync.Mutex
 	buckets map[string]*Bucket
@@ -66,9 +67,13 @@ func New() *Metrics {
 			Name: "converger_sidecar_db_errors_total",
 			Help: "Failed database calls by operation.",
 		}, []string{"op"}),
+		shed: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "converger_sidecar_checks_shed_total",
+			Help: "Checks that got no turn within their deadline (SIDECAR_MAX_CHECKS_IN_FLIGHT) and were answered at once: 503 on limited routes, allowed on the others.",
+		}),
 		buckets: map[string]*Bucket{},
 	}
-	m.Registry.MustRegister(m.exceeded, m.checks, m.duration, m.cache, m.dbErrors,
+	m.Registry.MustRegister(m.exceeded, m.checks, m.duration, m.cache, m.dbErrors, m.shed,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }
@@ -93,6 +98,9 @@ func (m *Metrics) Bucket(name string) *Bucket {
 // Unlimited counts a check of a request on no limited route.
 func (m *Metrics) Unlimited() prometheus.Counter { return m.checks.WithLabelValues(NoBucket, Allowed) }
 
+// Shed is the counter of Checks answered at once for want of a turn.
+func (m *Metrics) Shed() prometheus.Counter { return m.shed }
+
 // ObserveCheck records how long a check took.
 func (m *Metrics) ObserveCheck(d time.Duration) { m.duration.Observe(d.Seconds()) }
 
@@ -107,4 +115,9 @@ func (m *Metrics) DBError(op string) { m.dbErrors.WithLabelValues(op).Inc() }
 // GaugeFunc registers a gauge read at scrape time.
 func (m *Metrics) GaugeFunc(name, help string, f func() float64) {
 	m.Registry.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: name, Help: help}, f))
+}
+
+// CounterFunc registers a counter read at scrape time.
+func (m *Metrics) CounterFunc(name, help string, f func() float64) {
+	m.Registry.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{Name: name, Help: help}, f))
 }

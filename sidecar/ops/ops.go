@@ -4,22 +4,22 @@
 package ops
 
 import (
-	"encoding/json"
 	"net/http"
 
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	sharedops "github.com/converger/edge/shared/ops"
 )
 
 // Readiness reports whether the sidecar is ready, with details for operators.
-type Readiness func() (ready bool, details map[string]any)
+type Readiness = sharedops.Readiness
 
 // Counter describes one counter for /debug/counter?bucket=…&key=….
 type Counter func(bucket, key string) any
 
 // Handler returns the operator endpoints.
 func Handler(reg *prometheus.Registry, ready Readiness, counter Counter) http.Handler {
-	mux := http.NewServeMux()
+	mux := sharedops.Mux(reg, ready)
 	mux.HandleFunc("GET /debug/counter", func(w http.ResponseWriter, r *http.Request) {
 		q := r.URL.Query()
 		bucket, key := q.Get("bucket"), q.Get("key")
@@ -29,29 +29,7 @@ func Handler(reg *prometheus.Registry, ready Readiness, counter Counter) http.Ha
 		}
 		writeJSON(w, http.StatusOK, counter(bucket, key))
 	})
-	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
-	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
-		writeJSON(w, http.StatusOK, map[string]any{"status": "ok"})
-	})
-	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, _ *http.Request) {
-		ok, details := ready()
-		if details == nil {
-			details = map[string]any{}
-		}
-		code := http.StatusOK
-		details["status"] = "ready"
-		if !ok {
-			code = http.StatusServiceUnavailable
-			details["status"] = "not ready"
-		}
-		writeJSON(w, code, details)
-	})
 	return mux
 }
 
-func writeJSON(w http.ResponseWriter, code int, v any) {
-	w.Header().Set("Content-Type", "application/json")
-	w.Header().Set("Cache-Control", "no-store")
-	w.WriteHeader(code)
-	_ = json.NewEncoder(w).Encode(v)
-}
+var writeJSON = sharedops.WriteJSON

@@ -67,9 +67,10 @@ func channelStep(b string, from Source) Step {
 }
 func ipStep(b string) Step { return Step{Bucket: b, Per: buckets.PerIP, From: FromIP} }
 
-// BuiltIn returns the limited endpoints of the rate-limiting reference, in table order.
+// BuiltIn returns the limited endpoints of the rate-limiting reference, then the
+// console's writes (AdminWrites), in table order.
 func BuiltIn() []Route {
-	return []Route{
+	return append([]Route{
 		{Method: "POST", Pattern: "/api/v1/conversations/:id/activities", Steps: []Step{tenantStep(buckets.ActivityCreate, FromAPIKey)}},
 		{Method: "POST", Pattern: "/api/v1/converger/conversations/:id/activities", Steps: []Step{tenantStep(buckets.ActivityCreate, FromToken)}},
 		{Method: "POST", Pattern: "/api/v1/converger/conversations/:id/upload", Steps: []Step{tenantStep(buckets.Upload, FromToken)}},
@@ -87,7 +88,26 @@ func BuiltIn() []Route {
 		{Method: "POST", Pattern: "/portal/login/totp", Core: true},
 		{Method: "POST", Pattern: "/admin/password/reset", Steps: []Step{ipStep(buckets.PasswordResetIP)}},
 		{Method: "POST", Pattern: "/portal/password/reset", Steps: []Step{ipStep(buckets.PasswordResetIP)}},
+	}, AdminWrites()...)
+}
+
+// AdminWrites are the console's writes (core/console): the admin API's and the admin
+// pages' forms, counted per client IP in admin_write before the admin is known. The
+// console's test checks that every write route it serves is one of these.
+func AdminWrites() []Route {
+	var out []Route
+	for _, w := range [][2]string{
+		{"POST", "/admin/api/v1/tenants/:id/activate"},
+		{"POST", "/admin/api/v1/tenants/:id/deactivate"},
+		{"PATCH", "/admin/api/v1/tenants/:id/limits"},
+		{"DELETE", "/admin/api/v1/tenants/:id/limits"},
+		{"DELETE", "/admin/api/v1/tenants/:id/limits/:bucket"},
+		{"POST", "/admin/tenants/:id/limits"},
+		{"POST", "/admin/tenants/:id/status"},
+	} {
+		out = append(out, Route{Method: w[0], Pattern: w[1], Steps: []Step{ipStep(buckets.AdminWrite)}})
 	}
+	return out
 }
 
 // Table matches requests against routes. Earlier routes win.

@@ -35,6 +35,9 @@ func TestBuiltInCoversEveryLimitedEndpoint(t *testing.T) {
 		{"POST", "/api/v1/tokens", buckets.TokenCreate, buckets.PerIP, FromIP},
 		{"POST", "/admin/password/reset", buckets.PasswordResetIP, buckets.PerIP, FromIP},
 		{"POST", "/portal/password/reset", buckets.PasswordResetIP, buckets.PerIP, FromIP},
+		{"PATCH", "/admin/api/v1/tenants/t1/limits", buckets.AdminWrite, buckets.PerIP, FromIP},
+		{"DELETE", "/Admin/API/v1/tenants/t1/limits/inbound/", buckets.AdminWrite, buckets.PerIP, FromIP},
+		{"POST", "/admin/tenants/t1/status", buckets.AdminWrite, buckets.PerIP, FromIP},
 	}
 	covered := map[string]bool{}
 	for _, row := range rows {

@@ -25,6 +25,7 @@ import (
 	"google.golang.org/grpc/reflection"
 
 	"github.com/converger/edge/shared/limiterpb"
+	"github.com/converger/edge/shared/netlimit"
 	"github.com/converger/edge/sidecar/authz"
 	"github.com/converger/edge/sidecar/cluster"
 	"github.com/converger/edge/sidecar/config"
@@ -37,6 +38,7 @@ import (
 	"github.com/converger/edge/sidecar/rlsapi"
 	"github.com/converger/edge/sidecar/routes"
 	"github.com/converger/edge/sidecar/tenants"
+	"github.com/converger/edge/sidecar/traffic"
 )
 
 // Sidecar is a running sidecar.
@@ -46,6 +48,8 @@ type Sidecar struct {
 	Limiter            *limiter.Limiter
 	Metrics            *metrics.Metrics
 	Cluster            *cluster.Cluster // nil with the local backend
+	// Traffic records every decision for the console's live view.
+	Traffic *traffic.Recorder
 
 	log      *slog.Logger
 	grpc     *grpc.Server
@@ -79,6 +83,10 @@ func Start(cfg *config.Config, o Options) (*Sidecar, error) {
 		o.Now = func() time.Time { return time.Now().Add(offset) }
 		log.Warn("the clock is shifted by SIDECAR_TEST_CLOCK_OFFSET_MS, a test hook", "offset", offset)
 	}
+	openFiles, err := netlimit.RaiseOpenFiles()
+	if err != nil {
+		log.Warn("could not raise the open-files limit", "error", err, "limit", openFiles)
+	}
 	ctx, cancel := context.WithCancel(context.Background())
 	s := &Sidecar{log: log, cancel: cancel, errc: make(chan error, 2)}
 	ok := false
@@ -92,6 +100,7 @@ func Start(cfg *config.Config, o Options) (*Sidecar, error) {
 	s.Limiter = limiter.New(limiter.Options{Now: o.Now, Replicated: cfg.Backend == "cluster"})
 	s.Metrics.GaugeFunc("converger_sidecar_limiter_keys", "Live counters in the limiter.", func() float64 { return float64(s.Limiter.Len()) })
 	s.wg.Go(func() { s.Limiter.RunSweeper(cfg.CleanPeriod, ctx.Done()) })
+	s.Traffic = traffic.New(s.Limiter)
 
 	var dir identity.Directory
 	var overrides authz.Overrides
@@ -114,6 +123,7 @@ func Start(cfg *config.Config, o Options) (*Sidecar, error) {
 			Now:           o.Now,
 		})
 		s.wg.Go(func() { s.dir.Listen(ctx) })
+		s.wg.Go(func() { s.dir.Watch(ctx) })
 		dir, overrides = s.dir, s.dir
 	} else {
 		log.Warn("DATABASE_URL is not set: API keys, channel secrets and publishable keys are counted unverified, and tenant overrides are off")
@@ -131,7 +141,7 @@ func Start(cfg *config.Config, o Options) (*Sidecar, error) {
 		s.Cluster, err = cluster.Start(cluster.Config{
 			NodeName: cl.NodeName, BindAddr: cl.BindAddr, AdvertiseAddr: cl.AdvertiseAddr,
 			Strategy: cl.Strategy, Join: cl.Join, DNSName: cl.DNSName, SecretKey: cl.SecretKey,
-			SyncInterval: cfg.SyncInterval, ShareMode: cfg.ShareMode,
+			SyncInterval: cfg.SyncInterval, ShareMode: cfg.ShareMode, Traffic: s.Traffic,
 			Now: o.Now, Logger: log, Registry: s.Metrics.Registry,
 		}, s.Limiter)
 		if err != nil {
@@ -148,6 +158,8 @@ func Start(cfg *config.Config, o Options) (*Sidecar, error) {
 	if err != nil {
 		return nil, err
 	}
+	az.RecordTraffic(s.Traffic)
+	az.LimitInFlight(cfg.MaxChecksInFlight, cfg.DBWait)
 
 	rlsAPI := s.rateLimitService(ctx, cfg)
 
@@ -158,7 +170,9 @@ func Start(cfg *config.Config, o Options) (*Sidecar, error) {
 	if s.dir != nil {
 		limitOverrides = s.dir
 	}
-	limiterpb.RegisterLimiterServer(s.grpc, limitapi.New(s.Limiter, cfg, limitOverrides, s.Metrics))
+	limitAPI := limitapi.New(s.Limiter, cfg, limitOverrides, s.Metrics)
+	limitAPI.ServeLiveView(limitapi.LiveView{Traffic: s.Traffic, Installation: cfg.Limits, Routes: table.Routes(), Cluster: s.Cluster})
+	limiterpb.RegisterLimiterServer(s.grpc, limitAPI)
 	s.health = health.NewServer()
 	healthpb.RegisterHealthServer(s.grpc, s.health)
 	reflection.Register(s.grpc)
@@ -167,11 +181,12 @@ func Start(cfg *config.Config, o Options) (*Sidecar, error) {
 	if err != nil {
 		return nil, fmt.Errorf("SIDECAR_GRPC_ADDR: %w", err)
 	}
-	hl, err := net.Listen("tcp", cfg.HTTPAddr)
+	raw, err := net.Listen("tcp", cfg.HTTPAddr)
 	if err != nil {
 		gl.Close()
 		return nil, fmt.Errorf("SIDECAR_HTTP_ADDR: %w", err)
 	}
+	hl := s.httpListener(raw, cfg, openFiles)
 	s.GRPCAddr, s.HTTPAddr = gl.Addr(), hl.Addr()
 	mux := http.NewServeMux()
 	mux.Handle("/", ops.Handler(s.Metrics.Registry, s.readiness, s.debugCounter))
@@ -183,6 +198,15 @@ func Start(cfg *config.Config, o Options) (*Sidecar, error) {
 		ReadTimeout:       10 * time.Second,
 		WriteTimeout:      30 * time.Second,
 		IdleTimeout:       2 * time.Minute,
+		MaxHeaderBytes:    MaxHTTPHeaderBytes,
+		ConnState: func(c net.Conn, state http.ConnState) {
+			switch state {
+			case http.StateIdle:
+				hl.SetIdle(c)
+			case http.StateActive:
+				hl.SetActive(c)
+			}
+		},
 	}
 	s.wg.Go(func() {
 		if err := s.grpc.Serve(gl); err != nil {
@@ -204,6 +228,30 @@ func Start(cfg *config.Config, o Options) (*Sidecar, error) {
 		"backend", cfg.Backend, "database", cfg.DatabaseURL != "", "routes", len(table.Routes()))
 	ok = true
 	return s, nil
+}
+
+// MaxHTTPHeaderBytes bounds the request line and headers on the HTTP port (net/http
+// answers 431 beyond it).
+const MaxHTTPHeaderBytes = 16 << 10
+
+// httpListener bounds the HTTP port's connections: failed accepts are retried, the
+// connections capped in total (SIDECAR_HTTP_MAX_CONNS, else from the open-files limit)
+// and per client address (SIDECAR_HTTP_MAX_CONNS_PER_IP; the TRUSTED_PROXIES, such as a
+// proxy asking for forward-auth, are exempt), with their counts in the metrics.
+func (s *Sidecar) httpListener(raw net.Listener, cfg *config.Config, openFiles uint64) *netlimit.Listener {
+	maxConns := cfg.HTTPMaxConns
+	if maxConns == 0 {
+		maxConns = netlimit.DefaultMaxConns(openFiles)
+	}
+	ln := netlimit.Wrap(raw, netlimit.Options{MaxConns: maxConns, MaxConnsPerIP: cfg.HTTPMaxConnsPerIP,
+		Exempt: cfg.TrustedProxies.Trusted, Refuse: netlimit.RefuseHTTP, Logger: s.log, Name: "SIDECAR_HTTP_ADDR"})
+	s.Metrics.GaugeFunc("converger_sidecar_http_connections", "Open connections of the HTTP port.",
+		func() float64 { return float64(ln.Stats().Open) })
+	s.Metrics.CounterFunc("converger_sidecar_http_connections_refused_total", "Connections of the HTTP port refused at its caps.",
+		func() float64 { st := ln.Stats(); return float64(st.RefusedTotal + st.RefusedPerIP) })
+	s.Metrics.CounterFunc("converger_sidecar_http_accept_errors_total", "Failed accepts of the HTTP port, each retried.",
+		func() float64 { return float64(ln.Stats().AcceptErrors) })
+	return ln
 }
 
 // GRPCServerOptions are the options of the sidecar's gRPC server: Envoy's keepalive

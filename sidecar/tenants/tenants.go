@@ -203,6 +203,34 @@ func (d *Directory) InvalidateTenant(tenantID string) {
 // invalidation. It does not allocate for ids that are already lower case.
 func canonicalUUID(id string) string { return strings.ToLower(id) }
 
+// HeartbeatInterval is how often Watch pings a database believed up.
+const HeartbeatInterval = time.Second
+
+// Watch pings the database every HeartbeatInterval while it is believed up, until ctx
+// ends, so that an outage is noticed (Healthy, /readyz) within a second or two even
+// when every lookup is answered from the caches; a failed ping stops lookups as a
+// failed query does, and the probe resumes them.
+func (d *Directory) Watch(ctx context.Context) {
+	t := time.NewTicker(HeartbeatInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		if !d.breaker.closed() {
+			continue // the breaker's probe is on it
+		}
+		pctx, cancel := context.WithTimeout(ctx, HeartbeatInterval)
+		err := d.pool.Ping(pctx)
+		cancel()
+		if err != nil && ctx.Err() == nil {
+			d.failed("ping", err)
+		}
+	}
+}
+
 // Healthy reports whether the last database call succeeded.
 func (d *Directory) Healthy() bool { return d.breaker.closed() }
 

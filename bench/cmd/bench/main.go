@@ -35,6 +35,7 @@ var commands = []command{
 	{"core", "activity POSTs through the core against pgx inserting the same rows directly (throughput, p50, p99, ratios)", runCore},
 	{"forward-auth", "load-test the sidecar's HTTP forward-auth check against a no-op HTTP handler, and Caddy and nginx with the check against without it", runForwardAuth},
 	{"rls", "load-test the sidecar's rate limit service (ShouldRateLimit) against a no-op server: hot key, many keys, keys over limit", runRLS},
+	{"core-overload", "the core's capacity (p99 within a bound) against the pgx baseline's, then an overload at a multiple of it and the time to recover", runCoreOverload},
 	{"noop", "serve an Authorization/Check that allows everything and a RateLimitService/ShouldRateLimit that answers OK (started by authz and rls)", runNoop},
 	{"noop-forward-auth", "serve an HTTP check that allows everything (started by forward-auth)", runNoopForwardAuth},
 }
@@ -189,6 +190,22 @@ func runCore(ctx context.Context, name string, args []string) int {
 		run: func(ctx context.Context) (bool, error) {
 			rep, err := coreload.Run(ctx, cfg, os.Stdout, os.Stderr)
 			return err == nil && cfg.Strict && !rep.Pass, err
+		},
+		outputs: map[string]*string{"out": &cfg.Out},
+	})
+}
+
+func runCoreOverload(ctx context.Context, name string, args []string) int {
+	cfg := coreload.DefaultOverloadConfig()
+	return runLoad(ctx, name, args, loadTest{
+		flags: cfg.RegisterFlags,
+		validate: func(_ *flag.FlagSet, args []string) error {
+			cfg.Args = args
+			return cfg.Validate()
+		},
+		run: func(ctx context.Context) (bool, error) {
+			_, err := coreload.RunOverload(ctx, cfg, os.Stdout, os.Stderr)
+			return false, err
 		},
 		outputs: map[string]*string{"out": &cfg.Out},
 	})

@@ -36,6 +36,9 @@ import (
 var binary string // the core binary, built once by TestMain
 
 func TestMain(m *testing.M) {
+	if addr := os.Getenv(floodEnv); addr != "" {
+		os.Exit(flood(addr)) // a helper process of TestConnectionFlood
+	}
 	dir, err := os.MkdirTemp("", "core-bin-")
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
@@ -43,7 +46,10 @@ func TestMain(m *testing.M) {
 	}
 	binary = filepath.Join(dir, "core")
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
-	build := exec.CommandContext(ctx, "go", append(append([]string{"build"}, cmdlinetest.BuildFlags...), "-o", binary, ".")...)
+	// Not with -race, whatever the test runs with: the resilience tests hold 20,000
+	// connections (a goroutine each), past the race detector's 8,128 goroutines, and
+	// measure answer times that its slowdown would make meaningless.
+	build := exec.CommandContext(ctx, "go", "build", "-buildvcs=auto", "-o", binary, ".")
 	build.Stdout, build.Stderr = os.Stderr, os.Stderr
 	err = build.Run()
 	cancel()
@@ -75,7 +81,7 @@ func (p *proc) environ() []string {
 	for _, kv := range os.Environ() {
 		k, _, _ := strings.Cut(kv, "=")
 		switch k {
-		case "DATABASE_URL", "ENCRYPTION_KEY", "TOKEN_SIGNING_KEY", "TOKEN_VERIFY_KEYS", "CORE_ADDR", "PUBLIC_URL", "USER", "LOGNAME":
+		case "DATABASE_URL", "DATABASE_TIMEOUT", "ENCRYPTION_KEY", "TOKEN_SIGNING_KEY", "TOKEN_VERIFY_KEYS", "CORE_ADDR", "CORE_OPS_ADDR", "PUBLIC_URL", "USER", "LOGNAME":
 			continue
 		}
 		out = append(out, kv)
@@ -243,62 +249,105 @@ func TestCommandsEndToEnd(t *testing.T) {
 // ends; it returns the base URL once the API answers.
 func (p *proc) serve(t *testing.T) string {
 	t.Helper()
+	return p.start(t).base
+}
+
+// served is a running `core serve`.
+type served struct {
+	t         *testing.T
+	base, ops string // http://CORE_ADDR, http://CORE_OPS_ADDR
+	cmd       *exec.Cmd
+	logs      *lockedBuffer
+	done      chan struct{} // closed when the process has exited, waitErr set
+	waitErr   error
+}
+
+// freeAddr returns a free loopback address.
+func freeAddr(t *testing.T) string {
+	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
-	addr := ln.Addr().String()
-	ln.Close()
+	defer ln.Close()
+	return ln.Addr().String()
+}
+
+// start runs `core serve` with p's environment (and a signing key, free addresses and
+// warn-level text logs unless p's environment says otherwise), prefixed by wrap (a
+// command such as prlimit, or none), and waits until it answers. It is stopped with
+// SIGTERM when the test ends and must exit 0.
+func (p *proc) start(t *testing.T, wrap ...string) *served {
+	t.Helper()
 	signing, err := token.GenerateKey()
 	if err != nil {
 		t.Fatal(err)
 	}
-	env := map[string]string{"CORE_ADDR": addr, "TOKEN_SIGNING_KEY": signing, "LOG_FORMAT": "text", "LOG_LEVEL": "warn"}
+	env := map[string]string{"CORE_ADDR": freeAddr(t), "CORE_OPS_ADDR": freeAddr(t), "TOKEN_SIGNING_KEY": signing,
+		"LOG_FORMAT": "text", "LOG_LEVEL": "warn"}
 	for k, v := range p.env {
 		env[k] = v
 	}
 	sp := &proc{t: t, env: env}
-	cmd := exec.Command(binary, "serve")
+	args := append(append([]string(nil), wrap...), binary, "serve")
+	cmd := exec.Command(args[0], args[1:]...)
 	cmd.Env = sp.environ()
-	logs := &lockedBuffer{}
-	cmd.Stdout, cmd.Stderr = logs, logs
+	s := &served{t: t, base: "http://" + env["CORE_ADDR"], ops: "http://" + env["CORE_OPS_ADDR"], cmd: cmd,
+		logs: &lockedBuffer{}, done: make(chan struct{})}
+	cmd.Stdout, cmd.Stderr = s.logs, s.logs
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	done := make(chan struct{}) // closed when the process has exited, waitErr set
-	var waitErr error
-	go func() { waitErr = cmd.Wait(); close(done) }()
+	go func() { s.waitErr = cmd.Wait(); close(s.done) }()
 	t.Cleanup(func() {
 		_ = cmd.Process.Signal(syscall.SIGTERM)
 		select {
-		case <-done:
-			if waitErr != nil {
-				t.Errorf("core serve exited with %v after SIGTERM\n%s", waitErr, logs.String())
+		case <-s.done:
+			if s.waitErr != nil {
+				t.Errorf("core serve exited with %v after SIGTERM\n%s", s.waitErr, tailOf(s.logs.String()))
 			}
 		case <-time.After(15 * time.Second):
 			_ = cmd.Process.Kill()
-			<-done
+			<-s.done
 			t.Errorf("core serve did not stop within 15 s of SIGTERM")
 		}
 	})
-	base := "http://" + addr
 	deadline := time.Now().Add(30 * time.Second)
 	for {
-		resp, err := http.Get(base + "/api/v1/conversations/x")
+		resp, err := http.Get(s.base + "/api/v1/conversations/x")
 		if err == nil {
 			resp.Body.Close()
-			return base
+			return s
 		}
 		select {
-		case <-done:
-			t.Fatalf("core serve exited: %v\n%s", waitErr, logs.String())
+		case <-s.done:
+			t.Fatalf("core serve exited: %v\n%s", s.waitErr, tailOf(s.logs.String()))
 		default:
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("core serve does not answer on %s\n%s", addr, logs.String())
+			t.Fatalf("core serve does not answer on %s\n%s", s.base, tailOf(s.logs.String()))
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
+}
+
+// alive fails the test if the process has exited.
+func (s *served) alive() {
+	s.t.Helper()
+	select {
+	case <-s.done:
+		s.t.Fatalf("core serve exited: %v\n%s", s.waitErr, tailOf(s.logs.String()))
+	default:
+	}
+}
+
+// tailOf is the end of a log, for failure messages.
+func tailOf(s string) string {
+	const max = 8 << 10
+	if len(s) > max {
+		return "…" + s[len(s)-max:]
+	}
+	return s
 }
 
 // lockedBuffer is the log of a running process, read while it is written.

@@ -103,6 +103,7 @@ func run() error {
 	}
 
 	coreAddr := envOr("CORE_ADDR", "127.0.0.1:8080")
+	opsAddr := envOr("CORE_OPS_ADDR", "127.0.0.1:8083")
 	grpcAddr := envOr("SIDECAR_GRPC_ADDR", "127.0.0.1:8081")
 	httpAddr := envOr("SIDECAR_HTTP_ADDR", "127.0.0.1:8082")
 	publicURL := strings.TrimRight(envOr("PUBLIC_URL", "http://"+coreAddr), "/")
@@ -183,6 +184,7 @@ func run() error {
 	}
 	core, err := start("core", filepath.Join(binDir, "core"), []string{"serve"}, []string{
 		"CORE_ADDR=" + coreAddr,
+		"CORE_OPS_ADDR=" + opsAddr,
 		"PUBLIC_URL=" + publicURL,
 		"DATABASE_URL=" + dbURL,
 		"TOKEN_SIGNING_KEY=" + signingKey,
@@ -201,7 +203,7 @@ func run() error {
 	}
 
 	printHowTo(os.Stdout, howTo{DatabaseURL: redact(dbURL), Base: publicURL, GRPCAddr: grpcAddr,
-		HTTPAddr: httpAddr, Demo: demo, Note: note, CredentialsFile: filepath.Join(dataDir, credentialsFile),
+		HTTPAddr: httpAddr, OpsAddr: opsAddr, Demo: demo, Note: note, CredentialsFile: filepath.Join(dataDir, credentialsFile),
 		EnvFile: filepath.Join(dataDir, envFile)})
 
 	select {
@@ -584,21 +586,22 @@ func redact(dbURL string) string {
 
 // howTo is what devstack prints once everything answers.
 type howTo struct {
-	DatabaseURL, Base, GRPCAddr, HTTPAddr string
-	Demo                                  *Demo
-	Note                                  string
-	CredentialsFile, EnvFile              string
+	DatabaseURL, Base, GRPCAddr, HTTPAddr, OpsAddr string
+	Demo                                           *Demo
+	Note                                           string
+	CredentialsFile, EnvFile                       string
 }
 
 func printHowTo(w io.Writer, h howTo) {
 	fmt.Fprintf(w, `
 Converger dev stack is up.
   core        %s  (every request is checked by the sidecar: AUTHZ_ADDR=%s)
+              http://%s/metrics, /healthz, /readyz
   admin pages %s/admin/login  (the first admin comes from ADMIN_EMAIL, with ADMIN_PASSWORD or a
               generated password printed once above; emails go to the core's log unless SMTP_URL is set)
   sidecar     %s (gRPC)   http://%s/metrics
   PostgreSQL  %s
-`, h.Base, h.GRPCAddr, h.Base, h.GRPCAddr, h.HTTPAddr, h.DatabaseURL)
+`, h.Base, h.GRPCAddr, h.OpsAddr, h.Base, h.GRPCAddr, h.HTTPAddr, h.DatabaseURL)
 	if h.Demo == nil {
 		fmt.Fprintf(w, "\n%s\n\nCtrl-C stops everything.\n\n", h.Note)
 		return
@@ -610,7 +613,7 @@ Demo tenant %q (%s) and echo channel %q (%s); development credentials, also in %
   channel secret (tokens/generate)         %s
   publishable key (tokens/publishable)     %s
 
-Try it from another terminal, in this directory (README.md, "Core", walks through it):
+Try it from another terminal, in this directory (README.md walks through it):
 
   . ./%s
   B=%s

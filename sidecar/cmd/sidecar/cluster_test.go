@@ -434,7 +434,7 @@ func (n *node) createToken(ip string) bool {
 }
 
 // (a) A budget used up on one node is enforced by the others within two sync intervals.
-// Not parallel: it measures time, on an otherwise idle machine.
+// Not parallel: it measures time; other packages' tests may still run beside it.
 func TestClusterBudgetUsedUpOnOneNodeIsEnforcedByTheOthers(t *testing.T) {
 	nodes := startCluster(t, 3, hourLimits, clockOffset(time.Hour), nil)
 	// A node sends a changed count at its next flush, at most one interval after the
@@ -442,7 +442,11 @@ func TestClusterBudgetUsedUpOnOneNodeIsEnforcedByTheOthers(t *testing.T) {
 	// one more interval. Loopback adds well under a millisecond; the margin is for
 	// the scheduling of four race-instrumented processes on a small machine and the
 	// polling itself (a Peek every 2 ms).
+	// The median must be within the bound; one sample may be late by a stall of the
+	// machine (other tests' processes run beside these four), never by a lost round of
+	// syncs, which would show in every round.
 	bound := 2*syncInterval + 100*time.Millisecond
+	worst := 4*syncInterval + 200*time.Millisecond
 	var seen []time.Duration
 	for round := range 5 {
 		ip := fmt.Sprintf("192.0.2.%d", 10+round)
@@ -484,8 +488,8 @@ func TestClusterBudgetUsedUpOnOneNodeIsEnforcedByTheOthers(t *testing.T) {
 			t.Fatalf("round %d: %v", round, err)
 		}
 		for j, d := range took {
-			if d > bound {
-				t.Errorf("round %d: %s denied %v after the last allowed request on n1, bound %v", round, nodes[j+1].name, d, bound)
+			if d > worst {
+				t.Errorf("round %d: %s denied %v after the last allowed request on n1, bound %v", round, nodes[j+1].name, d, worst)
 			}
 			seen = append(seen, d)
 		}
@@ -499,6 +503,9 @@ func TestClusterBudgetUsedUpOnOneNodeIsEnforcedByTheOthers(t *testing.T) {
 	slices.Sort(seen)
 	t.Logf("propagation from n1 to n2/n3 (sync interval %v, bound %v): min %v, median %v, max %v over %d samples",
 		syncInterval, bound, seen[0], seen[len(seen)/2], seen[len(seen)-1], len(seen))
+	if median := seen[len(seen)/2]; median > bound {
+		t.Errorf("median propagation %v, bound %v", median, bound)
+	}
 }
 
 // (b) Use split across nodes adds up, exactly once, however often values are resent.
@@ -713,6 +720,18 @@ func TestClusterClockAhead(t *testing.T) {
 		}
 	}
 	t.Logf("n3 dropped %v stale values of n1's (sync and resend)", dropped)
+	// The console's view of the cluster names the member whose values were dropped.
+	ctx, cancel := n3.ctx()
+	defer cancel()
+	cl, err := n3.limiter.Cluster(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, m := range cl.GetMembers() {
+		if want := m.GetName() == "n1"; want != (m.GetStaleDropped() > 0) {
+			t.Errorf("n3's view of %s: %d stale values dropped", m.GetName(), m.GetStaleDropped())
+		}
+	}
 }
 
 // (i) Share mode: a key all three nodes counted in one window gets a burst at the very
@@ -1173,4 +1192,69 @@ func TestClusterNetsplit(t *testing.T) {
 	})
 	waitMembers(t, nodes, []string{"n1", "n2", "n3"}, 10*time.Second)
 	t.Logf("converged to 6+1+6 = 13 on every node %v after the heal", took)
+}
+
+// (k) One node answers the console's live view for the cluster: its minute counts hold
+// every member's decisions, its busiest keys every member's hits (a key counted only on
+// the others too), and it lists the members with when each was last heard from.
+func TestClusterLiveViewIsMerged(t *testing.T) {
+	t.Parallel()
+	nodes := startCluster(t, 3, hourLimits, clockOffset(time.Hour), nil)
+	n1, n2, n3 := nodes[0], nodes[1], nodes[2]
+	const ip = "198.51.100.44"
+	for range 4 {
+		n1.createToken(ip)
+	}
+	for range 3 {
+		n2.createToken(ip)
+	}
+	ctx := func() (context.Context, context.CancelFunc) {
+		return context.WithTimeout(context.Background(), 5*time.Second)
+	}
+	// Every node reports its minutes every 5 s; the test may straddle a minute.
+	eventually(t, 15*time.Second, "n3's minute counts hold n1's and n2's checks", func() (bool, string) {
+		c, cancel := ctx()
+		defer cancel()
+		tr, err := n3.limiter.Traffic(c)
+		if err != nil {
+			return false, err.Error()
+		}
+		var allowed uint64
+		for _, b := range tr.GetBuckets() {
+			if b.GetBucket() == "token_create" {
+				for _, m := range b.GetMinutes() {
+					allowed += m.GetAllowed()
+				}
+			}
+		}
+		return tr.GetNodes() == 3 && allowed == 7, fmt.Sprintf("%d nodes, %d allowed: %v", tr.GetNodes(), allowed, tr)
+	})
+	eventually(t, 5*time.Second, "the key counted on n1 and n2 is among n3's busiest", func() (bool, string) {
+		c, cancel := ctx()
+		defer cancel()
+		b, err := n3.limiter.Busiest(c, 5, "token_create")
+		if err != nil {
+			return false, err.Error()
+		}
+		keys := b.GetBuckets()
+		return len(keys) == 1 && len(keys[0].GetKeys()) == 1 && keys[0].GetKeys()[0].GetKey() == "token_create:ip:"+ip &&
+			keys[0].GetKeys()[0].GetCount() == 7 && keys[0].GetKeys()[0].GetLimit() == 10, fmt.Sprintf("%v", b)
+	})
+	c, cancel := ctx()
+	defer cancel()
+	cl, err := n3.limiter.Cluster(c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, m := range cl.GetMembers() {
+		got = append(got, m.GetName())
+		if !m.GetSelf() && (m.GetHeardAgoMs() < 0 || m.GetHeardAgoMs() > 10_000 || m.GetStaleDropped() != 0) {
+			t.Errorf("member %v", m)
+		}
+	}
+	if cl.GetBackend() != "cluster" || cl.GetNode() != "n3" || strings.Join(got, ",") != "n3,n1,n2" || !cl.GetMembers()[0].GetSelf() ||
+		cl.GetSyncIntervalMs() != uint64(syncInterval.Milliseconds()) {
+		t.Fatalf("cluster %v", cl)
+	}
 }

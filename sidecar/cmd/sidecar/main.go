@@ -1,6 +1,6 @@
 // Command sidecar is the rate-limit sidecar: Envoy's external authorization service,
-// Envoy's rate limit service and the project's Limiter service. See the README for its
-// configuration. `sidecar check-config` validates the configuration files and exits.
+// Envoy's rate limit service and the project's Limiter service. See docs/sidecar.md for
+// its configuration. `sidecar check-config` validates the configuration files and exits.
 package main
 
 import (
@@ -25,7 +25,7 @@ The rate-limit sidecar: Envoy's external authorization service (gRPC Check), Env
 limit service (ShouldRateLimit) and the Limiter service on SIDECAR_GRPC_ADDR
 (127.0.0.1:8081); /metrics, /healthz, /readyz, the forward-auth /check and the rate limit
 service's POST /json on SIDECAR_HTTP_ADDR (127.0.0.1:8082). It is configured by environment
-variables (README.md, "The sidecar"); any of them may be given as a file instead,
+variables (docs/sidecar.md, "Configuration"); any of them may be given as a file instead,
 NAME_FILE=/path/to/file. SIGINT or SIGTERM stops it. check-config exits 0, or 2 with every
 problem found.
 `

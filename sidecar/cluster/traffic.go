@@ -1,0 +1,259 @@
+package cluster
+
+import (
+	"encoding/binary"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/converger/edge/sidecar/limiter"
+	"github.com/converger/edge/sidecar/traffic"
+)
+
+// The console's live view of a cluster is one node's merged view (docs/core.md, "The
+// console"): every node sends its own per-minute decision counts (sidecar/traffic) to
+// the others every TrafficInterval, and offers the keys whose counts the others report
+// to its table of busy keys, so that any node answers for the whole cluster.
+//
+// A traffic message is, like the counters, state rather than increments: one origin's
+// decisions of one bucket in one minute only grow, and a receiver keeps the larger of
+// two reports.
+//
+//	traffic := trafficKind(1 byte) sentAt(varint, Unix ms) origin(string) n(uvarint) entry{n}
+//	entry   := bucket(string) minute(varint, minutes before sentAt's) allowed(uvarint) denied(uvarint)
+//
+// Its first byte is not the counters' version, so a node that does not know it counts
+// it as malformed and ignores it.
+const trafficKind byte = 'T'
+
+// DefaultTrafficInterval is how often a node sends its minute counts.
+const DefaultTrafficInterval = 5 * time.Second
+
+type trafficEntry struct {
+	bucket          string
+	minuteStartMS   int64
+	allowed, denied uint64
+}
+
+type trafficMessage struct {
+	sentAt  int64
+	origin  string
+	entries []trafficEntry
+}
+
+// packTraffic encodes entries into messages of at most limit bytes: at least one.
+func packTraffic(sentAt int64, origin string, entries []trafficEntry, limit int) [][]byte {
+	header := func(n int) []byte {
+		h := []byte{trafficKind}
+		h = binary.AppendVarint(h, sentAt)
+		h = appendString(h, origin)
+		return binary.AppendUvarint(h, uint64(n))
+	}
+	var out [][]byte
+	var body, tmp []byte
+	n := 0
+	for _, e := range entries {
+		tmp = appendString(tmp[:0], e.bucket)
+		tmp = binary.AppendVarint(tmp, sentAt/60_000-e.minuteStartMS/60_000)
+		tmp = binary.AppendUvarint(tmp, e.allowed)
+		tmp = binary.AppendUvarint(tmp, e.denied)
+		if n > 0 && len(header(n+1))+len(body)+len(tmp) > limit {
+			out = append(out, append(header(n), body...))
+			body, n = nil, 0
+		}
+		body = append(body, tmp...)
+		n++
+	}
+	if n > 0 || len(out) == 0 {
+		// Without a decision to report, one empty message still tells the others this
+		// node is there (the console's "last heard").
+		out = append(out, append(header(n), body...))
+	}
+	return out
+}
+
+func decodeTraffic(b []byte) (trafficMessage, error) {
+	var m trafficMessage
+	if len(b) < 1 || b[0] != trafficKind {
+		return m, errMalformed
+	}
+	r := reader{b: b[1:]}
+	m.sentAt = r.varint()
+	m.origin = r.string()
+	n := r.uvarint()
+	if r.err != nil || m.origin == "" || n > uint64(len(r.b)) {
+		return m, errMalformed
+	}
+	m.entries = make([]trafficEntry, 0, n)
+	for range n {
+		e := trafficEntry{bucket: r.string()}
+		back := r.varint()
+		e.allowed, e.denied = r.uvarint(), r.uvarint()
+		if r.err != nil || back < 0 || back > traffic.Minutes {
+			return m, errMalformed
+		}
+		e.minuteStartMS = (m.sentAt/60_000 - back) * 60_000
+		m.entries = append(m.entries, e)
+	}
+	if r.err != nil || len(r.b) != 0 {
+		return m, errMalformed
+	}
+	return m, nil
+}
+
+// trafficLoop sends this node's minute counts to every other live member every
+// TrafficInterval.
+func (c *Cluster) trafficLoop() {
+	t := time.NewTicker(c.cfg.TrafficInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-c.stop:
+			return
+		case <-t.C:
+		}
+		c.sendTraffic(c.nowMS())
+	}
+}
+
+func (c *Cluster) sendTraffic(now int64) {
+	var entries []trafficEntry
+	c.cfg.Traffic.Own(func(bucket string, m traffic.Minute) {
+		entries = append(entries, trafficEntry{bucket, m.StartMS, m.Allowed, m.Denied})
+	})
+	msgs := packTraffic(now, c.origin, entries, maxPacket)
+	for _, n := range c.peers() {
+		for _, msg := range msgs {
+			if err := c.ml.SendBestEffort(&n, msg); err != nil {
+				c.m.sendErrors.Inc()
+			}
+		}
+	}
+}
+
+func (c *Cluster) receiveTraffic(b []byte) {
+	m, err := decodeTraffic(b)
+	if err != nil {
+		c.m.malformed.Inc()
+		return
+	}
+	if m.origin == c.origin {
+		return
+	}
+	c.heard(m.origin, 0, c.nowMS())
+	if c.cfg.Traffic == nil {
+		return
+	}
+	for _, e := range m.entries {
+		c.cfg.Traffic.MergeRemote(m.origin, e.bucket, traffic.Minute{StartMS: e.minuteStartMS, Allowed: e.allowed, Denied: e.denied})
+	}
+}
+
+// offerBusy offers a key whose count another node reported to the table of busy keys,
+// with every node's count: a key counted only elsewhere is still among this node's
+// busiest.
+func (c *Cluster) offerBusy(v value) {
+	b, ok := c.lim.LookupBucket(v.bucket)
+	if !ok || strings.HasSuffix(v.bucket, limiter.RefundSuffix) {
+		return
+	}
+	k := limiter.Key{Bucket: b, ID: v.id}
+	s, ok := c.lim.Lookup(k)
+	if !ok || s.EndMS != v.endMS {
+		return // a window that has not begun here yet
+	}
+	total := uint64(s.Own) + uint64(s.Remote)
+	c.cfg.Traffic.Offer(k, uint32(min(total, 1<<32-1)), limiter.Limit{Count: s.Limit, Window: time.Duration(s.SizeMS) * time.Millisecond}, s.EndMS)
+}
+
+// peerState is what this node knows of another member's messages.
+type peerState struct {
+	heardMS     int64 // when its last sync or traffic message arrived (our clock)
+	syncSentAt  int64 // when it sent its newest counter values (its clock)
+	staleValues uint64
+}
+
+// maxPeerStates bounds the members whose message state is kept.
+const maxPeerStates = 4096
+
+// nodeName is the member name of an origin ("<node name>#<incarnation>").
+func nodeName(origin string) string {
+	if i := strings.LastIndexByte(origin, '#'); i > 0 {
+		return origin[:i]
+	}
+	return origin
+}
+
+// peer returns the state of the member of origin; the caller holds peersMu.
+func (c *Cluster) peerLocked(origin string) *peerState {
+	if c.peerStates == nil {
+		c.peerStates = map[string]*peerState{}
+	}
+	name := nodeName(origin)
+	p := c.peerStates[name]
+	if p == nil {
+		if len(c.peerStates) >= maxPeerStates {
+			clear(c.peerStates)
+		}
+		p = &peerState{}
+		c.peerStates[name] = p
+	}
+	return p
+}
+
+// heard notes a message that came from origin itself, not relayed in a state transfer:
+// a sync message sent at syncSentAt (its clock), or a traffic message (syncSentAt 0).
+func (c *Cluster) heard(origin string, syncSentAt, now int64) {
+	c.peersMu.Lock()
+	p := c.peerLocked(origin)
+	p.heardMS = now
+	p.syncSentAt = max(p.syncSentAt, syncSentAt)
+	c.peersMu.Unlock()
+}
+
+// noteStale counts origin's values that were dropped as stale.
+func (c *Cluster) noteStale(origin string, n int) {
+	c.peersMu.Lock()
+	c.peerLocked(origin).staleValues += uint64(n)
+	c.peersMu.Unlock()
+}
+
+// MemberStatus is what the console shows of a member.
+type MemberStatus struct {
+	Name, Address string
+	Self          bool
+	// HeardAgo is the time since a sync or traffic message of the member arrived;
+	// SyncAge the age of its newest counter values (by its clock). -1: none yet.
+	HeardAgo, SyncAge time.Duration
+	// StaleDropped counts its values that arrived for windows already ended here.
+	StaleDropped uint64
+}
+
+// Status returns this node and the other live members, this node first, then by name.
+func (c *Cluster) Status() []MemberStatus {
+	now := c.nowMS()
+	self := c.ml.LocalNode()
+	out := []MemberStatus{{Name: c.cfg.NodeName, Address: self.Address(), Self: true, HeardAgo: 0, SyncAge: 0}}
+	peers := c.peers()
+	c.peersMu.Lock()
+	defer c.peersMu.Unlock()
+	var others []MemberStatus
+	for _, n := range peers {
+		ms := MemberStatus{Name: n.Name, Address: n.Address(), HeardAgo: -1, SyncAge: -1}
+		if p := c.peerStates[n.Name]; p != nil {
+			if p.heardMS > 0 {
+				ms.HeardAgo = time.Duration(max(now-p.heardMS, 0)) * time.Millisecond
+			}
+			if p.syncSentAt > 0 {
+				ms.SyncAge = time.Duration(max(now-p.syncSentAt, 0)) * time.Millisecond
+			}
+			ms.StaleDropped = p.staleValues
+		}
+		others = append(others, ms)
+	}
+	slices.SortFunc(others, func(a, b MemberStatus) int { return strings.Compare(a.Name, b.Name) })
+	return append(out, others...)
+}
+
+// SyncInterval is how often this node sends its changed counters.
+func (c *Cluster) SyncInterval() time.Duration { return c.cfg.SyncInterval }
