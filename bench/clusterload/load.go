@@ -3,6 +3,7 @@ package clusterload
 import (
 	"context"
 	"fmt"
+	"math"
 	"net/netip"
 	"strconv"
 	"sync"
@@ -58,14 +59,18 @@ func checkRequest(ip string, id int) ([]byte, error) {
 }
 
 // loadSpec is one paced load: rate checks per second in total, spread evenly over the
-// sending nodes, over keys client IPs used in turn, from start until end.
+// sending nodes, over keys client IPs used in turn, from start until end. A burst load
+// sends, at the start of each window of windowMS, rate × window checks in total, each
+// sender its part as fast as it goes.
 type loadSpec struct {
-	rate    float64
-	senders []int // indices of the nodes that get checks
-	keys    int
-	keyBase int // index of the first client IP, so that loads on one cluster use distinct keys
-	start   time.Time
-	end     time.Time
+	rate     float64
+	senders  []int // indices of the nodes that get checks
+	keys     int
+	keyBase  int // index of the first client IP, so that loads on one cluster use distinct keys
+	start    time.Time
+	end      time.Time
+	burst    bool
+	windowMS int64
 }
 
 // maxInFlight bounds the checks waiting for an answer, per node: past it the pacer waits,
@@ -103,6 +108,30 @@ func schedule(rate float64, s, n int, d time.Duration) []time.Duration {
 	}
 }
 
+// burstSchedule returns, for sender s of n, the offsets from start of its checks when
+// rate × window checks go out at the start of every window of windowMS that begins in
+// [start, start + d): its part (the odd checks to the first senders), all at the
+// window's start.
+func burstSchedule(rate float64, s, n int, start time.Time, d time.Duration, windowMS int64) []time.Duration {
+	if rate <= 0 || n <= 0 || windowMS <= 0 {
+		return nil
+	}
+	total := int(math.Round(rate * float64(windowMS) / 1000))
+	part := total / n
+	if s < total%n {
+		part++
+	}
+	var out []time.Duration
+	ms := start.UnixMilli()
+	for w := (ms + windowMS - 1) / windowMS * windowMS; w < ms+d.Milliseconds(); w += windowMS {
+		at := time.UnixMilli(w).Sub(start)
+		for range part {
+			out = append(out, at)
+		}
+	}
+	return out
+}
+
 // run drives the cluster with the load. Each check is sent on time, whatever the answers
 // to earlier ones (an open loop), and answered within 2 seconds or counted as an error.
 func (l loadSpec) run(ctx context.Context, c *cluster) (*loadResult, error) {
@@ -118,7 +147,11 @@ func (l loadSpec) run(ctx context.Context, c *cluster) (*loadResult, error) {
 	plans := make([][]time.Duration, len(l.senders))
 	total := 0
 	for s := range l.senders {
-		plans[s] = schedule(l.rate, s, len(l.senders), d)
+		if l.burst {
+			plans[s] = burstSchedule(l.rate, s, len(l.senders), l.start, d, l.windowMS)
+		} else {
+			plans[s] = schedule(l.rate, s, len(l.senders), d)
+		}
 		total += len(plans[s])
 	}
 	res := &loadResult{sends: make([]Send, total)}
@@ -154,19 +187,21 @@ func (l loadSpec) run(ctx context.Context, c *cluster) (*loadResult, error) {
 				}
 				now := time.Now()
 				lag := now.Sub(at)
-				if lag > lateAfter {
+				isLate := lag > lateAfter && !l.burst // a burst goes as fast as it can
+				if isLate {
 					late++
 					maxLate = max(maxLate, lag)
 				}
 				// Checks go to keys in turn over all the senders together.
 				key := (k*len(l.senders) + s) % l.keys
-				sends[k] = Send{AtNS: now.UnixNano(), Node: uint8(ni), Late: lag > lateAfter}
+				sends[k] = Send{AtNS: now.UnixNano(), Node: uint8(ni), Late: isLate}
 				calls.Go(func() {
 					defer func() { <-sem }()
 					cctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 					defer cancel()
 					var reply rawcheck.Reply
 					err := conn.Invoke(cctx, rawcheck.Method, &reqs[key], &reply)
+					sends[k].DoneNS = time.Now().UnixNano()
 					switch {
 					case err != nil:
 						sends[k].Outcome = Other

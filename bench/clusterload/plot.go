@@ -119,6 +119,19 @@ func (linearTicks) Ticks(lo, hi float64) []plot.Tick {
 	return ticks
 }
 
+// ratioTicks labels a log axis of ratios near 1: 0.95, 1, 1.05, 1.1, 1.2, 1.5, 2, 3, 5.
+type ratioTicks struct{}
+
+func (ratioTicks) Ticks(lo, hi float64) []plot.Tick {
+	var ticks []plot.Tick
+	for _, v := range []float64{0.95, 1, 1.05, 1.1, 1.2, 1.5, 2, 3, 5, 10} {
+		if v >= lo && v <= hi {
+			ticks = append(ticks, plot.Tick{Value: v, Label: strconv.FormatFloat(v, 'f', -1, 64)})
+		}
+	}
+	return ticks
+}
+
 // logTicks labels a log axis at 1, 2 and 5 times the powers of ten.
 type logTicks struct{}
 
@@ -169,9 +182,97 @@ func addSeries(p *plot.Plot, ss []series) error {
 	return nil
 }
 
+// loadSeries returns, for each mode of the share-mode scenario, its measured max A/L by
+// load (x: the load's place, 1, 2, ...), the model's without share mode, and the ticks
+// naming the loads.
+func (r *Report) loadSeries() (ss []series, ticks plot.ConstantTicks) {
+	var names []string
+	place := map[string]float64{}
+	for _, l := range r.Loads {
+		if _, ok := place[loadName(l)]; !ok {
+			names = append(names, loadName(l))
+			place[loadName(l)] = float64(len(names))
+		}
+	}
+	for i, n := range names {
+		ticks = append(ticks, plot.Tick{Value: float64(i + 1), Label: n})
+	}
+	sizes := r.nodeSizes()
+	col := palette[0]
+	if i := slices.Index(sizes, AimNodes); i >= 0 {
+		col = palette[i%len(palette)] // the grid's color for the same cluster size
+	} else if len(sizes) < len(palette) {
+		col = palette[len(sizes)]
+	}
+	for _, share := range r.Config.Modes {
+		var meas, model plotter.XYs
+		for _, l := range r.Loads {
+			if l.Share != share || l.Allowed.Windows == 0 {
+				continue
+			}
+			x := place[loadName(l)]
+			meas = append(meas, plotter.XY{X: x, Y: l.Allowed.Max})
+			model = append(model, plotter.XY{X: x, Y: l.TheoryMax})
+		}
+		dashes, glyph := []vg.Length(nil), draw.GlyphDrawer(draw.CircleGlyph{})
+		if share {
+			dashes, glyph = []vg.Length{vg.Points(6), vg.Points(3)}, draw.TriangleGlyph{}
+		}
+		ss = append(ss, series{label: fmt.Sprintf("N=%d, share mode %s", AimNodes, modeName(share)), xy: meas, color: col, dashes: dashes, glyph: glyph, width: vg.Points(1.6)})
+		if !share {
+			ss = append(ss, series{label: fmt.Sprintf("N=%d, model without share mode", AimNodes), xy: model, color: col,
+				dashes: []vg.Length{vg.Points(1.5), vg.Points(2.5)}, width: vg.Points(1.2)})
+		}
+	}
+	return ss, ticks
+}
+
+// loadPanel draws the most allowed per window against the offered load.
+func (r *Report) loadPanel() (*plot.Plot, error) {
+	ss, ticks := r.loadSeries()
+	p := plot.New()
+	p.Title.Text = fmt.Sprintf("Most allowed per window against the load (%d nodes, sync %d ms, %d starts × %d windows)", AimNodes, AimSyncMS, r.Config.Repeat, r.Config.Windows)
+	p.X.Label.Text = "offered per window, × L (burst: sent at each window's start)"
+	p.Y.Label.Text = "max allowed / L (log scale)"
+	p.X.Tick.Marker = ticks
+	xmin, xmax := 0.5, float64(len(ticks))+0.5
+	p.X.Min, p.X.Max = xmin, xmax
+	p.Add(plotter.NewGrid())
+	ymax := AimMaxAllowed
+	for _, s := range ss {
+		for _, pt := range s.xy {
+			ymax = max(ymax, pt.Y)
+		}
+	}
+	p.Y.Min, p.Y.Max = 0.95, ymax*1.05
+	p.Y.Scale, p.Y.Tick.Marker = plot.LogScale{}, ratioTicks{}
+	for _, y := range []struct {
+		v      float64
+		c      color.Color
+		dashes []vg.Length
+	}{{1, color.Black, nil}, {AimMaxAllowed, color.Gray{Y: 0x60}, []vg.Length{vg.Points(8), vg.Points(4)}}} {
+		l, err := plotter.NewLine(plotter.XYs{{X: xmin, Y: y.v}, {X: xmax, Y: y.v}})
+		if err != nil {
+			return nil, err
+		}
+		l.Color, l.Width, l.Dashes = y.c, vg.Points(0.8), y.dashes
+		p.Add(l)
+		if y.dashes != nil {
+			p.Legend.Add(fmt.Sprintf("aim with share mode: %.2f× L", AimMaxAllowed), l)
+		}
+	}
+	if err := addSeries(p, ss); err != nil {
+		return nil, err
+	}
+	p.Legend.Top, p.Legend.Left = true, true
+	p.Legend.XOffs, p.Legend.YOffs = vg.Points(8), vg.Points(-8)
+	p.Legend.ThumbnailWidth = vg.Points(28)
+	return p, nil
+}
+
 // WritePlot draws the operator's picture to a PNG file: the most allowed per window
-// against the sync interval with the model's line (left), and the sync traffic per node
-// (right).
+// against the offered load in the share-mode scenario (left, when run), against the
+// sync interval with the model's line (middle), and the sync traffic per node (right).
 func (r *Report) WritePlot(path string) error {
 	overshoot, traffic := r.plotSeries()
 	c := r.Config
@@ -191,7 +292,7 @@ func (r *Report) WritePlot(path string) error {
 	left.X.Scale, left.X.Tick.Marker = plot.LogScale{}, r.intervalTicks()
 	left.X.Min, left.X.Max = xmin, xmax
 	left.Add(plotter.NewGrid())
-	ymin, ymax := 0.85, AimMaxAllowed
+	ymin, ymax := 0.85, AimMaxAllowed+0.05
 	for _, s := range overshoot {
 		for _, p := range s.xy {
 			ymin, ymax = min(ymin, p.Y-0.05), max(ymax, p.Y)
@@ -245,13 +346,22 @@ func (r *Report) WritePlot(path string) error {
 	right.Legend.XOffs, right.Legend.YOffs = vg.Points(8), vg.Points(8)
 	right.Legend.ThumbnailWidth = vg.Points(28)
 
-	const w, h = 15 * vg.Inch, 6 * vg.Inch
+	panels := []*plot.Plot{left, right}
+	if len(r.Loads) > 0 {
+		loads, err := r.loadPanel()
+		if err != nil {
+			return err
+		}
+		panels = append([]*plot.Plot{loads}, panels...)
+	}
+	w, h := vg.Length(len(panels))*7.5*vg.Inch, 6*vg.Inch
 	img := vgimg.NewWith(vgimg.UseWH(w, h), vgimg.UseDPI(100))
 	dc := draw.New(img)
-	tiles := draw.Tiles{Rows: 1, Cols: 2, PadX: vg.Points(20), PadY: vg.Points(10), PadTop: vg.Points(6), PadBottom: vg.Points(6), PadLeft: vg.Points(6), PadRight: vg.Points(12)}
-	canvases := plot.Align([][]*plot.Plot{{left, right}}, tiles, dc)
-	left.Draw(canvases[0][0])
-	right.Draw(canvases[0][1])
+	tiles := draw.Tiles{Rows: 1, Cols: len(panels), PadX: vg.Points(20), PadY: vg.Points(10), PadTop: vg.Points(6), PadBottom: vg.Points(6), PadLeft: vg.Points(6), PadRight: vg.Points(12)}
+	canvases := plot.Align([][]*plot.Plot{panels}, tiles, dc)
+	for i, p := range panels {
+		p.Draw(canvases[0][i])
+	}
 
 	f, err := os.Create(path)
 	if err != nil {

@@ -64,13 +64,11 @@ func ValuesPerFlush(k int, c float64) float64 {
 	return min(float64(k), 2*max(c, 1))
 }
 
-// ShareInTime reports whether share mode's cap can engage before the budget runs out:
-// it engages at a tick where the budget left is under about two and a half intervals of
-// all the checks (half an interval of the others' subtracted, plus two more), so the
-// window must hold more than about three intervals' worth before L is reached:
-// 3 × offered × I < W.
-func ShareInTime(offered, syncMS, windowMS float64) bool {
-	return offered > 1 && 3*offered*syncMS < windowMS
+// ShareHolds reports whether share mode's bound holds at any offered load: each node
+// flushes at least twice a window, so that every node sets its claim of the next window
+// from a report of the others' demand in this one: 2 × I ≤ W.
+func ShareHolds(syncMS, windowMS float64) bool {
+	return syncMS > 0 && 2*syncMS <= windowMS
 }
 
 // SteadyInterval is the longest sync interval, in ms, at which the steady-load model keeps

@@ -1,6 +1,9 @@
 package clusterload
 
-import "math"
+import (
+	"math"
+	"time"
+)
 
 // Outcome is what became of one check.
 type Outcome uint8
@@ -13,14 +16,19 @@ const (
 	Other                      // another denial, or a gRPC error
 )
 
-// Send is one check: when it was sent (wall clock, Unix nanoseconds), to which node, its
-// outcome, and whether it went out late (the pacer fell behind).
+// Send is one check: when it was sent and answered (wall clock, Unix nanoseconds; 0: not
+// answered), to which node, its outcome, and whether it went out late (the pacer fell
+// behind).
 type Send struct {
-	AtNS    int64
-	Node    uint8
-	Outcome Outcome
-	Late    bool
+	AtNS, DoneNS int64
+	Node         uint8
+	Outcome      Outcome
+	Late         bool
 }
+
+// straddleMargin: a check sent at least this long before its window's end and answered
+// after it straddled the end, and the sidecar may have counted it in the next window.
+const straddleMargin = 50 * time.Millisecond
 
 // WindowOf returns the index of the fixed window of windowMS that holds the instant ms
 // (Unix milliseconds), as the sidecar computes it: ms / windowMS.
@@ -41,12 +49,15 @@ func FullWindows(fromMS, toMS, windowMS int64) (first, end int64) {
 }
 
 // Window is what one window got: checks sent in it, and their outcomes, in total and per
-// node; and whether the load missed its plan in it (see MarkDisturbed).
+// node; when its last check was sent, from its start (for a burst, how long the burst
+// took to send); how many of its checks straddled its end (see straddleMargin); and
+// whether the load missed its plan in it (see MarkDisturbed).
 type Window struct {
 	Index                       int64
 	Sent, Allowed, Limited, Err int
-	Late                        int
+	Late, Straddled             int
 	AllowedByNode               []int
+	LastNS                      int64
 	Disturbed                   bool
 }
 
@@ -68,8 +79,12 @@ func Tally(sends []Send, windowMS, first, end int64, nodes int) []Window {
 		}
 		win := &ws[w-first]
 		win.Sent++
+		win.LastNS = max(win.LastNS, s.AtNS-w*windowMS*1e6)
 		if s.Late {
 			win.Late++
+		}
+		if endNS := (w + 1) * windowMS * 1e6; s.DoneNS > endNS && s.AtNS <= endNS-int64(straddleMargin) {
+			win.Straddled++
 		}
 		switch s.Outcome {
 		case Allowed:
@@ -98,12 +113,17 @@ func floorDiv(a, b int64) int64 {
 // more than 1% of their checks went out late, or they got more than 2% more or fewer
 // checks than planned. On a shared machine a stall of a few hundred milliseconds (other
 // processes, the kernel) holds the pacer back and then lets it catch up in a burst:
-// such a window measures the stall, not the cluster.
-func MarkDisturbed(ws []Window, planned float64) int {
+// such a window measures the stall, not the cluster. Lateness does not count in a
+// burst, which is sent as fast as it goes. A window some of whose checks straddled its
+// end (a stall of the sidecars: they may have counted those in the next window, which
+// the tally, by send time, cannot tell) is disturbed, and so is the next one.
+func MarkDisturbed(ws []Window, planned float64, burst bool) int {
 	n := 0
 	for i := range ws {
 		w := &ws[i]
-		w.Disturbed = float64(w.Late) > 0.01*float64(w.Sent) || math.Abs(float64(w.Sent)-planned) > 0.02*planned
+		late := !burst && float64(w.Late) > 0.01*float64(w.Sent)
+		straddled := w.Straddled > 0 || i > 0 && ws[i-1].Straddled > 0
+		w.Disturbed = late || straddled || math.Abs(float64(w.Sent)-planned) > 0.02*planned
 		if w.Disturbed {
 			n++
 		}
@@ -269,5 +289,10 @@ func Merge(rs []Result, limit int) Result {
 		t.MergeLagMS += m.MergeLagMS / k
 	}
 	out.Allowed = AllowedStats(out.Windows, limit)
+	out.SentRate = 0
+	for _, r := range rs {
+		out.SentRate += r.SentRate / k
+	}
+	out.SpanMedian, out.SpanMax = spans(out.Windows)
 	return out
 }

@@ -5,6 +5,7 @@ package cluster
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -48,7 +49,7 @@ type Config struct {
 	SecretKey []byte
 	// SyncInterval is how often changed counters are sent to the other nodes.
 	SyncInterval time.Duration
-	// ShareMode bounds each node to its share of a nearly used-up budget.
+	// ShareMode divides each counter's limit among the nodes counting it (share.go).
 	ShareMode bool
 	// PushPullInterval is how often memberlist exchanges full state with a random peer
 	// (30 s when zero).
@@ -79,6 +80,7 @@ type Cluster struct {
 	lim    *limiter.Limiter
 	ml     *memberlist.Memberlist
 	origin string
+	rep    *replicator
 	slots  *slots
 	m      *metrics
 	log    *slog.Logger
@@ -88,7 +90,6 @@ type Cluster struct {
 	stop         chan struct{}
 	wg           sync.WaitGroup
 	stopOnce     sync.Once
-	resend       []limiter.Key // sent in the last flush, sent once more in the next
 
 	membersMu sync.Mutex
 	members   map[string]memberlist.Node // live members, copied in the events
@@ -136,7 +137,11 @@ func Start(cfg Config, lim *limiter.Limiter) (*Cluster, error) {
 		gone:    map[string]struct{}{},
 		members: map[string]memberlist.Node{},
 	}
-	c.slots = newSlots(lim, c.origin)
+	c.rep = newReplicator(lim, c.origin, cfg.ShareMode)
+	if cfg.Traffic != nil {
+		c.rep.merged = c.offerBusy
+	}
+	c.slots = c.rep.slots
 	c.m = newMetrics(cfg.Registry, c.newestAge)
 
 	mc := memberlist.DefaultLANConfig()
@@ -371,74 +376,67 @@ func (c *Cluster) syncLoop() {
 }
 
 func (c *Cluster) flush(now int64) {
-	p := newPacker(now, c.origin, maxPacket)
-	sent := make(map[limiter.Key]struct{})
-	var keys []limiter.Key
-	add := func(k limiter.Key, s limiter.Snapshot) {
-		if s.EndMS <= now || s.Own == 0 {
-			return
-		}
-		if _, dup := sent[k]; dup {
-			return
-		}
-		sent[k] = struct{}{}
-		keys = append(keys, k)
-		p.add(value{bucket: c.lim.BucketName(k.Bucket), id: k.ID, sizeMS: s.SizeMS, endMS: s.EndMS, count: s.Own})
+	res := c.rep.flush(c.shareEnv(now))
+	if len(res.values) > 0 {
+		c.m.keysPerFlush.Observe(float64(len(res.values)))
 	}
-	c.lim.DrainChanged(add)
-	changed := len(keys)
-	for _, k := range c.resend {
-		if s, ok := c.lim.Lookup(k); ok {
-			add(k, s)
-		}
-	}
-	c.resend = keys[:changed]
-	msgs := p.messages()
-	if len(keys) > 0 {
-		c.m.keysPerFlush.Observe(float64(len(keys)))
-	}
-
-	if len(msgs) > 0 {
-		for _, n := range c.peers() {
-			for _, msg := range msgs {
-				if err := c.ml.SendBestEffort(&n, msg); err != nil {
-					c.m.sendErrors.Inc()
-					continue
-				}
-				c.m.messages.WithLabelValues("sent").Inc()
-				c.m.bytes.WithLabelValues("sent").Add(float64(len(msg)))
-			}
-		}
-	}
-
-	touched := c.slots.tick(now)
 	if c.cfg.ShareMode {
-		for _, k := range keys[:changed] {
-			touched[k] = struct{}{}
+		c.m.capped.Add(float64(res.capped))
+	}
+	if len(res.values) == 0 {
+		return
+	}
+	// Version 2 to the members that announce it, version 1 to the others.
+	msgs := map[byte][][]byte{}
+	for _, n := range c.peers() {
+		ver := version1
+		if len(n.Meta) > 0 && n.Meta[0] >= version2 {
+			ver = version2
 		}
-		c.m.capped.Add(float64(c.slots.shareTick(touched, now)))
+		if msgs[ver] == nil {
+			p := newPacker(now, c.origin, maxPacket)
+			if ver == version2 {
+				p = newPacker2(now, c.origin, maxPacket)
+			}
+			for _, v := range res.values {
+				p.add(v)
+			}
+			msgs[ver] = p.messages()
+		}
+		for _, msg := range msgs[ver] {
+			if err := c.ml.SendBestEffort(&n, msg); err != nil {
+				c.m.sendErrors.Inc()
+				continue
+			}
+			c.m.messages.WithLabelValues("sent").Inc()
+			c.m.bytes.WithLabelValues("sent").Add(float64(len(msg)))
+		}
 	}
 }
 
-// receive merges a sync message or one message of a state transfer.
-func (c *Cluster) receive(m message) (dropped int) {
-	now := c.nowMS()
+// shareEnv is share mode's view of the membership at time now.
+func (c *Cluster) shareEnv(now int64) shareEnv {
+	c.membersMu.Lock()
+	live := make(map[string]bool, len(c.members))
+	for name := range c.members {
+		live[name] = name != c.cfg.NodeName
+	}
+	c.membersMu.Unlock()
+	return shareEnv{
+		now: now, intervalMS: max(c.cfg.SyncInterval.Milliseconds(), 1),
+		live: func(name string) bool { return live[name] }, members: max(len(live), 1),
+	}
+}
+
+// receive merges a sync message (direct) or one message of a state transfer.
+func (c *Cluster) receive(m message, direct bool) (dropped int) {
 	if m.origin == c.origin {
 		return 0
 	}
 	if m.sentAt > c.newestSentAt.Load() {
 		c.newestSentAt.Store(m.sentAt)
 	}
-	for _, v := range m.values {
-		switch c.slots.merge(m.origin, v, now) {
-		case stale:
-			dropped++
-		case merged:
-			if c.cfg.Traffic != nil {
-				c.offerBusy(v)
-			}
-		}
-	}
+	dropped = c.rep.receive(m, direct, c.nowMS())
 	c.m.stale.Add(float64(dropped))
 	if dropped > 0 {
 		c.noteStale(m.origin, dropped)
@@ -448,16 +446,21 @@ func (c *Cluster) receive(m message) (dropped int) {
 
 // DebugCounter is what the debug endpoint shows of one counter.
 type DebugCounter struct {
-	Bucket      string     `json:"bucket"`
-	Key         string     `json:"key"`
-	Origin      string     `json:"origin"`
-	Own         uint32     `json:"own"`
-	Remote      uint32     `json:"remote"`
-	Limit       uint32     `json:"limit"`
-	WindowMS    int64      `json:"window_ms"`
-	WindowEndMS int64      `json:"window_end_ms"`
-	Slots       []SlotView `json:"slots"`
-	Members     []string   `json:"members"`
+	Bucket      string `json:"bucket"`
+	Key         string `json:"key"`
+	Origin      string `json:"origin"`
+	Own         uint32 `json:"own"`
+	Remote      uint32 `json:"remote"`
+	Limit       uint32 `json:"limit"`
+	WindowMS    int64  `json:"window_ms"`
+	WindowEndMS int64  `json:"window_end_ms"`
+	// Share mode: the hits this node's bound refused in the window, and its bounds in
+	// the window and the next (absent: none).
+	Refused   uint32     `json:"refused"`
+	Bound     *uint32    `json:"share_bound,omitempty"`
+	NextBound *uint32    `json:"share_bound_next,omitempty"`
+	Slots     []SlotView `json:"slots"`
+	Members   []string   `json:"members"`
 }
 
 // Debug returns one counter's state: this node's count and every remote slot.
@@ -469,7 +472,13 @@ func (c *Cluster) Debug(bucket, key string) DebugCounter {
 	}
 	k := limiter.Key{Bucket: b, ID: key}
 	if s, ok := c.lim.Lookup(k); ok {
-		d.Own, d.Remote, d.Limit, d.WindowMS, d.WindowEndMS = s.Own, s.Remote, s.Limit, s.SizeMS, s.EndMS
+		d.Own, d.Remote, d.Limit, d.WindowMS, d.WindowEndMS, d.Refused = s.Own, s.Remote, s.Limit, s.SizeMS, s.EndMS, s.Refused
+		if b, ok := c.lim.CapIn(k, s.SizeMS, s.EndMS); ok {
+			d.Bound = &b
+		}
+		if b, ok := c.lim.CapIn(k, s.SizeMS, s.EndMS+s.SizeMS); ok {
+			d.NextBound = &b
+		}
 	}
 	if v := c.slots.view(k); v != nil {
 		d.Slots = v
@@ -480,7 +489,8 @@ func (c *Cluster) Debug(bucket, key string) DebugCounter {
 // delegate is the Cluster as memberlist's Delegate.
 type delegate Cluster
 
-func (d *delegate) NodeMeta(int) []byte             { return nil }
+// NodeMeta announces the newest sync message version this node reads.
+func (d *delegate) NodeMeta(int) []byte             { return []byte{version} }
 func (d *delegate) GetBroadcasts(int, int) [][]byte { return nil }
 func (d *delegate) c() *Cluster                     { return (*Cluster)(d) }
 func (d *delegate) NotifyMsg(b []byte) {
@@ -500,7 +510,7 @@ func (d *delegate) NotifyMsg(b []byte) {
 	if m.origin != c.origin {
 		c.heard(m.origin, m.sentAt, c.nowMS())
 	}
-	c.receive(m)
+	c.receive(m, true)
 }
 
 // LocalState is this node's whole view for a state transfer: its own counts and every
@@ -526,11 +536,11 @@ func (d *delegate) LocalState(join bool) []byte {
 	}
 	c.lim.Each(func(k limiter.Key, s limiter.Snapshot) {
 		if s.Own > 0 {
-			add(c.origin, value{c.lim.BucketName(k.Bucket), k.ID, s.SizeMS, s.EndMS, s.Own})
+			add(c.origin, value{bucket: c.lim.BucketName(k.Bucket), id: k.ID, sizeMS: s.SizeMS, endMS: s.EndMS, count: s.Own})
 		}
 	})
 	c.slots.each(now, func(origin string, k limiter.Key, sl slot) {
-		add(origin, value{c.lim.BucketName(k.Bucket), k.ID, sl.sizeMS, sl.endMS, sl.count})
+		add(origin, value{bucket: c.lim.BucketName(k.Bucket), id: k.ID, sizeMS: sl.sizeMS, endMS: sl.endMS, count: sl.count})
 	})
 	var state []byte
 	for _, p := range packers {
@@ -557,7 +567,7 @@ func (d *delegate) MergeRemoteState(b []byte, join bool) {
 	c.m.transferBytes.WithLabelValues("received").Add(float64(len(b)))
 	values := 0
 	for _, m := range msgs {
-		c.receive(m)
+		c.receive(m, false)
 		values += len(m.values)
 	}
 	if join {
@@ -586,7 +596,7 @@ func (e *events) NotifyJoin(n *memberlist.Node) {
 	c.m.members.Add(1)
 	c.log.Info("member joined", "member", n.Name, "addr", n.Address())
 	c.membersMu.Lock()
-	c.members[n.Name] = *n
+	c.members[n.Name] = copyNode(n)
 	_, back := c.gone[n.Name]
 	delete(c.gone, n.Name)
 	c.membersMu.Unlock()
@@ -623,9 +633,16 @@ func (e *events) NotifyUpdate(n *memberlist.Node) {
 	c := (*Cluster)(e)
 	c.membersMu.Lock()
 	if _, ok := c.members[n.Name]; ok {
-		c.members[n.Name] = *n
+		c.members[n.Name] = copyNode(n)
 	}
 	c.membersMu.Unlock()
+}
+
+// copyNode copies a member, with its metadata.
+func copyNode(n *memberlist.Node) memberlist.Node {
+	cp := *n
+	cp.Meta = bytes.Clone(n.Meta)
+	return cp
 }
 
 // logWriter turns memberlist's log lines into structured logs: errors and warnings at

@@ -31,7 +31,8 @@ func counter(t *testing.T, c prometheus.Counter) float64 {
 func newTestNode(name string, c *testClock) *Cluster {
 	lim := limiter.New(limiter.Options{Now: c.now, Replicated: true})
 	n := &Cluster{cfg: Config{NodeName: name, Now: c.now}, lim: lim, origin: name + "#00", log: quiet, stop: make(chan struct{})}
-	n.slots = newSlots(lim, n.origin)
+	n.rep = newReplicator(lim, n.origin, true)
+	n.slots = n.rep.slots
 	n.m = newMetrics(prometheus.NewRegistry(), n.newestAge)
 	return n
 }
@@ -43,7 +44,7 @@ func TestStateTransferCarriesOwnAndRemoteSlots(t *testing.T) {
 	k := limiter.Key{Bucket: a.lim.Bucket("login_ip"), ID: "ip"}
 	a.lim.Record(k, 3, perMinute)
 	// a knows x's count of the same key, and a value of x's for the next window.
-	a.receive(message{sentAt: t0 + 9_000, origin: "x#99", values: []value{val("ip", t0+minute, 2), val("later", t0+2*minute, 4)}})
+	a.receive(message{sentAt: t0 + 9_000, origin: "x#99", values: []value{val("ip", t0+minute, 2), val("later", t0+2*minute, 4)}}, true)
 
 	state := (*delegate)(a).LocalState(true)
 	(*delegate)(b).MergeRemoteState(state, true)

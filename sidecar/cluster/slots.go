@@ -2,6 +2,7 @@ package cluster
 
 import (
 	"math"
+	"strings"
 	"sync"
 
 	"github.com/converger/edge/shared/buckets"
@@ -29,13 +30,19 @@ type slots struct {
 	pending map[limiter.Key]struct{}
 	// touched lists keys merged since the last tick, for share mode.
 	touched map[limiter.Key]struct{}
+	// current maps a node name to its newest origin that sent to this node directly:
+	// an earlier incarnation of a restarted node is no longer a live member.
+	current map[string]uint32
 }
 
 type keyState struct {
 	slots []slot
-	// Share mode's view at the previous tick.
-	prevEnd             int64
-	prevOwn, prevRemote uint32
+	// This node's own demand (count and refused hits) as share mode last saw it: in the
+	// window ending at ownEnd, and in the window before it (ownPrevEnd).
+	ownSizeMS          int64
+	ownEnd, ownPrevEnd int64
+	ownDemand, ownPrev uint32
+	ownGrewAt          int64 // when ownDemand last grew (at a tick)
 }
 
 type slot struct {
@@ -43,6 +50,26 @@ type slot struct {
 	sizeMS int64
 	endMS  int64
 	count  uint32
+	// What share mode knows of the origin in this window, from its version 2 values
+	// (share): the hits its bound refused, its bound, the limit it counted with, and
+	// when it sent them.
+	share   bool
+	refused uint32
+	cap     uint32
+	capped  bool
+	limit   uint32
+	at      int64
+	grewAt  int64 // when its demand in the window last grew (the message's time)
+	// The origin's demand in the window before this one, when it was known here
+	// (prevEnd is that window's end).
+	prevEnd    int64
+	prevDemand uint32
+}
+
+// demand is what the origin was asked for in the slot's window: its count and the hits
+// its bound refused.
+func (sl slot) demand() uint32 {
+	return uint32(min(uint64(sl.count)+uint64(sl.refused), math.MaxUint32))
 }
 
 func newSlots(lim *limiter.Limiter, self string) *slots {
@@ -52,6 +79,7 @@ func newSlots(lim *limiter.Limiter, self string) *slots {
 		keys:    map[limiter.Key]*keyState{},
 		pending: map[limiter.Key]struct{}{},
 		touched: map[limiter.Key]struct{}{},
+		current: map[string]uint32{},
 	}
 }
 
@@ -64,8 +92,9 @@ const (
 	ignored             // our own origin, or an invalid bucket or id
 )
 
-// merge applies one origin's value at time now (Unix ms).
-func (s *slots) merge(origin string, v value, now int64) mergeResult {
+// merge applies one origin's value at time now (Unix ms); sentAt is when the message
+// holding it was sent.
+func (s *slots) merge(origin string, v value, sentAt, now int64) mergeResult {
 	if v.endMS <= now {
 		return stale
 	}
@@ -94,19 +123,54 @@ func (s *slots) merge(origin string, v value, now int64) mergeResult {
 		found = true
 		switch {
 		case v.endMS > sl.endMS:
-			*sl = slot{oid, v.sizeMS, v.endMS, v.count}
+			prev := slot{}
+			if sl.sizeMS == v.sizeMS && sl.endMS == v.endMS-v.sizeMS {
+				prev = *sl
+			}
+			*sl = newSlot(oid, v, sentAt)
+			if prev.endMS != 0 {
+				sl.prevEnd, sl.prevDemand = prev.endMS, prev.demand()
+			}
 		case v.endMS == sl.endMS && v.sizeMS == sl.sizeMS:
+			before := sl.demand()
 			sl.count = max(sl.count, v.count)
+			// The bound may go down as well as up: the newest message's holds.
+			if v.share && sentAt >= sl.at {
+				sl.share, sl.refused, sl.cap, sl.capped, sl.limit, sl.at = true, max(sl.refused, v.refused), v.cap, v.capped, v.limit, sentAt
+			}
+			if sl.demand() > before {
+				sl.grewAt = max(sl.grewAt, sentAt)
+			}
 		default:
 			return merged // older than what we have: nothing to do
 		}
 	}
 	if !found {
-		ks.slots = append(ks.slots, slot{oid, v.sizeMS, v.endMS, v.count})
+		ks.slots = append(ks.slots, newSlot(oid, v, sentAt))
 	}
 	s.touched[k] = struct{}{}
 	s.publishLocked(k, ks, v.sizeMS, v.endMS, now)
 	return merged
+}
+
+func newSlot(origin uint32, v value, sentAt int64) slot {
+	sl := slot{origin: origin, sizeMS: v.sizeMS, endMS: v.endMS, count: v.count, at: sentAt}
+	if v.share {
+		sl.share, sl.refused, sl.cap, sl.capped, sl.limit = true, v.refused, v.cap, v.capped, v.limit
+	}
+	if sl.demand() > 0 {
+		sl.grewAt = sentAt
+	}
+	return sl
+}
+
+// sawDirect notes a message an origin sent to this node itself: it is its node's
+// current incarnation.
+func (s *slots) sawDirect(origin string) {
+	name, _, _ := strings.Cut(origin, "#")
+	s.mu.Lock()
+	s.current[name] = s.intern(origin)
+	s.mu.Unlock()
 }
 
 // bucket resolves a bucket name from another node.
@@ -170,19 +234,20 @@ func (s *slots) tick(now int64) map[limiter.Key]struct{} {
 	return touched
 }
 
-// sweep drops the slots whose windows have ended, and keys left without slots.
+// sweep drops the slots whose windows ended more than a window ago (share mode reads
+// the demand of the window before the current one), and keys left with nothing.
 func (s *slots) sweep(now int64) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for k, ks := range s.keys {
 		live := ks.slots[:0]
 		for _, sl := range ks.slots {
-			if sl.endMS > now {
+			if sl.endMS+sl.sizeMS > now {
 				live = append(live, sl)
 			}
 		}
 		ks.slots = live
-		if len(live) == 0 {
+		if len(live) == 0 && ks.ownEnd+ks.ownSizeMS <= now {
 			delete(s.keys, k)
 			delete(s.pending, k)
 		}
@@ -202,56 +267,148 @@ func (s *slots) each(now int64, f func(origin string, k limiter.Key, sl slot)) {
 	}
 }
 
-// shareTick runs share mode for the keys merged or counted since the last tick and
-// returns how many it capped.
-func (s *slots) shareTick(keys map[limiter.Key]struct{}, now int64) (capped int) {
-	for k := range keys {
-		if snap, ok := s.lim.Lookup(k); ok && snap.EndMS > now && s.share(k, snap) {
-			capped++
-		}
-	}
-	return capped
+// shareEnv is what share mode needs of the cluster at a tick.
+type shareEnv struct {
+	now        int64
+	intervalMS int64
+	// live reports whether a node name is a live member other than this node;
+	// members is the number of live members, this node included.
+	live    func(name string) bool
+	members int
 }
 
-// share decides share mode for one key: when the budget left, less what the other
-// nodes are likely to have admitted since they last reported (half an interval at their
-// rate: reports are that old on average), would run out within about two sync
-// intervals at the observed rates, this node may admit at most its share of what is
-// left, in proportion to its own rate. A node that is the only one with traffic is
-// never bound.
-func (s *slots) share(k limiter.Key, snap limiter.Snapshot) (capped bool) {
-	s.mu.Lock()
-	ks := s.keys[k]
-	if ks == nil {
-		s.mu.Unlock()
-		return false
+// shareTick runs share mode (share.go) for the keys merged or counted since the last
+// tick; changed are those this node counted or refused, whose values the flush sends.
+// It returns how many it bound, and the other keys whose bound is to be sent now.
+func (s *slots) shareTick(keys, changed map[limiter.Key]struct{}, env shareEnv) (capped int, send []limiter.Key) {
+	for k := range keys {
+		_, sending := changed[k]
+		p := s.share(k, env, sending)
+		if p.curCapped {
+			capped++
+		}
+		if p.send {
+			send = append(send, k)
+		}
 	}
-	if ks.prevEnd != snap.EndMS {
-		ks.prevEnd, ks.prevOwn, ks.prevRemote = snap.EndMS, 0, 0
-	}
-	ownRate := snap.Own - min(ks.prevOwn, snap.Own)
-	remoteRate := snap.Remote - min(ks.prevRemote, snap.Remote)
-	ks.prevOwn, ks.prevRemote = snap.Own, snap.Remote
-	s.mu.Unlock()
+	return capped, send
+}
 
-	// Without a hit of its own (no limit yet) the rates are only noted, so that counts
-	// the others made before this node's first hit are not taken for one interval's rate.
-	if remoteRate == 0 || snap.Limit == 0 {
-		s.lim.ClearCap(k)
-		return false
+// share sets or lifts k's bounds in the current window and the next; sending says the
+// flush sends k's value anyway.
+func (s *slots) share(k limiter.Key, env shareEnv, sending bool) sharePlan {
+	snap, _ := s.lim.Lookup(k)
+	v, ok := s.shareView(k, snap, env)
+	if !ok {
+		return sharePlan{}
 	}
-	left := int64(snap.Limit) - int64(snap.Own) - int64(snap.Remote) - int64(remoteRate)/2
-	if left >= 2*int64(ownRate+remoteRate) {
-		s.lim.ClearCap(k)
-		return false
+	v.sending = sending
+	p := v.plan()
+	end := v.startMS + v.sizeMS
+	apply := func(end int64, bound int64, on bool) {
+		if on {
+			s.lim.SetCap(k, v.sizeMS, end, uint32(min(max(bound, 0), math.MaxUint32-1)))
+		} else {
+			s.lim.ClearCap(k, v.sizeMS, end)
+		}
 	}
-	var mine int64
-	if left > 0 {
-		own := int64(max(ownRate, 1))
-		mine = left * own / (own + int64(remoteRate))
+	apply(end, p.cur, p.curCapped)
+	apply(end+v.sizeMS, p.next, p.nextCapped)
+	return p
+}
+
+// shareView gathers what share mode needs of k: this node's count and demand (from
+// the limiter's snapshot), and each other origin's as last reported. ok is false when
+// there is nothing to decide (no window, or no limit known).
+func (s *slots) shareView(k limiter.Key, snap limiter.Snapshot, env shareEnv) (v shareView, ok bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	ks := s.keys[k]
+	size := snap.SizeMS
+	if size == 0 && ks != nil && len(ks.slots) > 0 {
+		size = ks.slots[0].sizeMS
 	}
-	s.lim.SetCap(k, snap.SizeMS, snap.EndMS, snap.Own+uint32(mine))
-	return true
+	if size <= 0 {
+		return v, false
+	}
+	if ks == nil {
+		ks = &keyState{}
+		s.keys[k] = ks
+	}
+	start := env.now / size * size
+	end := start + size
+	v = shareView{now: env.now, startMS: start, sizeMS: size, intervalMS: env.intervalMS, limit: int64(snap.Limit), members: env.members}
+
+	// This node: its snapshot is of the window it last counted in.
+	own := uint64(snap.Own) + uint64(snap.Refused)
+	demand := uint32(min(own, math.MaxUint32))
+	if snap.SizeMS == size && snap.EndMS > ks.ownEnd {
+		if ks.ownEnd == snap.EndMS-size && ks.ownSizeMS == size {
+			ks.ownPrevEnd, ks.ownPrev = ks.ownEnd, ks.ownDemand
+		} else {
+			ks.ownPrevEnd, ks.ownPrev = 0, 0
+		}
+		ks.ownSizeMS, ks.ownEnd, ks.ownDemand, ks.ownGrewAt = size, snap.EndMS, demand, 0
+		if demand > 0 {
+			ks.ownGrewAt = env.now
+		}
+	} else if snap.SizeMS == size && snap.EndMS == ks.ownEnd && demand > ks.ownDemand {
+		ks.ownDemand, ks.ownGrewAt = demand, env.now
+	}
+	v.self = shareNode{name: s.self, live: true, shares: true, at: env.now}
+	if ks.ownEnd == end {
+		v.self.grewAt = ks.ownGrewAt
+	}
+	if c, ok := s.lim.CapIn(k, size, end); ok {
+		v.self.claim, v.self.claimed, v.self.capped = int64(c), true, true
+	}
+	switch {
+	case ks.ownEnd == end:
+		v.self.count, v.self.demand = int64(snap.Own), int64(ks.ownDemand)
+		if ks.ownPrevEnd == start {
+			v.self.prevDemand = int64(ks.ownPrev)
+		}
+	case ks.ownEnd == start:
+		v.self.prevDemand = int64(ks.ownDemand)
+	}
+	if snap.EndMS != end {
+		v.self.count = 0
+	}
+
+	selfName, _, _ := strings.Cut(s.self, "#")
+	for _, sl := range ks.slots {
+		if sl.sizeMS != size {
+			continue
+		}
+		origin := s.names[sl.origin]
+		name, _, _ := strings.Cut(origin, "#")
+		cur, known := s.current[name]
+		n := shareNode{name: origin, live: name != selfName && env.live(name) && (!known || cur == sl.origin), shares: sl.share, at: env.now}
+		switch {
+		case sl.endMS == end:
+			n.count, n.demand, n.grewAt = int64(sl.count), int64(sl.demand()), sl.grewAt
+			n.claim, n.claimed, n.capped = int64(sl.cap), sl.share, sl.capped
+			if sl.share {
+				n.at = min(sl.at, env.now)
+			}
+			if sl.prevEnd == start {
+				n.prevDemand = int64(sl.prevDemand)
+			}
+		case sl.endMS == start:
+			n.prevDemand = int64(sl.demand())
+		case sl.endMS == end+size && sl.prevEnd == end:
+			// A clock ahead of ours: its count of our current window is gone, its
+			// demand there is what it held.
+			n.count, n.demand = int64(sl.prevDemand), int64(sl.prevDemand)
+		default:
+			continue
+		}
+		if v.limit == 0 {
+			v.limit = int64(sl.limit)
+		}
+		v.peers = append(v.peers, n)
+	}
+	return v, v.limit > 0
 }
 
 // view returns k's slots with their origins' names, for the debug endpoint.
@@ -261,16 +418,23 @@ func (s *slots) view(k limiter.Key) []SlotView {
 	var out []SlotView
 	if ks := s.keys[k]; ks != nil {
 		for _, sl := range ks.slots {
-			out = append(out, SlotView{Origin: s.names[sl.origin], WindowMS: sl.sizeMS, WindowEndMS: sl.endMS, Count: sl.count})
+			v := SlotView{Origin: s.names[sl.origin], WindowMS: sl.sizeMS, WindowEndMS: sl.endMS, Count: sl.count, Refused: sl.refused}
+			if sl.capped {
+				v.Bound = &sl.cap
+			}
+			out = append(out, v)
 		}
 	}
 	return out
 }
 
-// SlotView is one remote origin's slot of a counter.
+// SlotView is one remote origin's slot of a counter, with what share mode knows of it:
+// the hits its bound refused, and its bound (absent: none, or not known).
 type SlotView struct {
-	Origin      string `json:"origin"`
-	WindowMS    int64  `json:"window_ms"`
-	WindowEndMS int64  `json:"window_end_ms"`
-	Count       uint32 `json:"count"`
+	Origin      string  `json:"origin"`
+	WindowMS    int64   `json:"window_ms"`
+	WindowEndMS int64   `json:"window_end_ms"`
+	Count       uint32  `json:"count"`
+	Refused     uint32  `json:"refused"`
+	Bound       *uint32 `json:"share_bound,omitempty"`
 }

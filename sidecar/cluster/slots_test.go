@@ -49,7 +49,7 @@ func total(t *testing.T, lim *limiter.Limiter, id string) uint32 {
 
 func mustMerge(t *testing.T, s *slots, origin string, v value, now int64, want mergeResult) {
 	t.Helper()
-	if got := s.merge(origin, v, now); got != want {
+	if got := s.merge(origin, v, now, now); got != want {
 		t.Fatalf("merge(%s, %+v) at %d = %v, want %v", origin, v, now, got, want)
 	}
 }
@@ -141,9 +141,19 @@ func TestMergeNewWindowReplacesOld(t *testing.T) {
 	if len(a) != 1 || a[0].WindowEndMS != t0+2*minute || a[0].Count != 1 {
 		t.Fatalf("origin a's slots: %+v, want one, of the new window", a)
 	}
+	// A sweep keeps the slots of the window before the current one (share mode reads
+	// what the nodes were asked for in it), and drops those of earlier windows.
 	s.sweep(c.ms.Load())
+	if v := s.view(k); len(v) != 2 {
+		t.Fatalf("after a sweep in the next window: %+v, want a's slot of it and b's of the one before", v)
+	}
+	s.sweep(t0 + 2*minute)
 	if v := s.view(k); len(v) != 1 || v[0].Origin != originA {
-		t.Fatalf("after a sweep: %+v, want only a's slot of the current window", v)
+		t.Fatalf("after a sweep a window later: %+v, want only a's slot", v)
+	}
+	s.sweep(t0 + 3*minute)
+	if _, ok := s.keys[k]; ok {
+		t.Fatal("a key with no slot left and no count of this node's was kept")
 	}
 }
 
@@ -234,7 +244,7 @@ func TestMergeBoundsBucketRegistration(t *testing.T) {
 	registered := 0
 	for i := range maxBuckets + 100 {
 		v := value{bucket: fmt.Sprintf("b%04d", i), id: "x", sizeMS: minute, endMS: t0 + minute, count: 1}
-		if s.merge(originA, v, now) == merged {
+		if s.merge(originA, v, now, now) == merged {
 			registered++
 		}
 	}
@@ -248,135 +258,54 @@ func TestMergeBoundsBucketRegistration(t *testing.T) {
 	}
 }
 
-// shareNode is one node's limiter and slots in the share-mode tests, with a key
-// limited to limit per minute.
-type shareNode struct {
-	lim   *limiter.Limiter
-	slots *slots
-	k     limiter.Key
-	limit limiter.Limit
-}
-
-func newShareNode(c *testClock, origin string, limit uint32) *shareNode {
-	lim := limiter.New(limiter.Options{Now: c.now, Replicated: true})
-	return &shareNode{lim: lim, slots: newSlots(lim, origin), k: limiter.Key{Bucket: lim.Bucket("login_ip"), ID: "ip"},
-		limit: limiter.Limit{Count: limit, Window: time.Minute}}
-}
-
-// tick is a flush's share-mode step, the key having been merged or counted since the
-// last: it returns whether the node is capped.
-func (n *shareNode) tick(now int64) bool {
-	n.slots.tick(now)
-	return n.slots.shareTick(map[limiter.Key]struct{}{n.k: {}}, now) > 0
-}
-
-// admit checks hits until one is denied and returns how many were allowed (at most max).
-func (n *shareNode) admit(max int) int {
-	for i := range max {
-		if !n.lim.Check(n.k, 1, n.limit).Allowed {
-			return i
-		}
+// A version 2 value's share fields: the newest message's bound holds (it may go down),
+// refused hits only grow, the demand of the window before is kept when a new window's
+// value replaces a slot, and the time the demand last grew is noted.
+func TestMergeShareFields(t *testing.T) {
+	s, lim, c := newTestSlots(t)
+	now := c.ms.Load()
+	k := limiter.Key{Bucket: lim.Bucket("login_ip"), ID: "ip"}
+	v := func(end int64, count, refused, cap uint32) value {
+		return value{bucket: "login_ip", id: "ip", sizeMS: minute, endMS: end, count: count, share: true, refused: refused, cap: cap, capped: true, limit: 10}
 	}
-	return max
-}
-
-func TestShareSingleNodeIsNeverCapped(t *testing.T) {
-	c := &testClock{}
-	c.set(t0 + 10_000)
-	n := newShareNode(c, self, 100)
-	// Another node counted 30 earlier in the window, before this node had a hit of its
-	// own; since then only this node has traffic.
-	if r := n.slots.merge(originA, val("ip", t0+minute, 30), c.ms.Load()); r != merged {
+	slotOf := func() slot { return s.keys[k].slots[0] }
+	mustMerge(t, s, originA, v(t0, 4, 6, 5), now-minute, merged) // the window before, merged while it ran
+	s.merge(originA, v(t0, 4, 6, 5), now-minute+10, now-minute+10)
+	mustMerge(t, s, originA, v(t0+minute, 2, 1, 6), now, merged)
+	if sl := slotOf(); sl.prevEnd != t0 || sl.prevDemand != 10 || sl.count != 2 || sl.refused != 1 || sl.cap != 6 || sl.grewAt != now || sl.at != now {
+		t.Fatalf("new window: %+v, want the last window's demand 4 + 6 kept", sl)
+	}
+	// A newer message lowers the bound; refused hits never go down.
+	if r := s.merge(originA, v(t0+minute, 2, 0, 3), now+100, now+100); r != merged {
 		t.Fatal(r)
 	}
-	if n.tick(c.ms.Load()) {
-		t.Fatal("capped without a hit of its own")
+	if sl := slotOf(); sl.cap != 3 || sl.refused != 1 || sl.at != now+100 || sl.grewAt != now {
+		t.Fatalf("lower bound, same demand: %+v", sl)
 	}
-	for i := range 7 {
-		for range 10 {
-			n.lim.Record(n.k, 1, n.limit)
-		}
-		c.set(c.ms.Load() + 100)
-		if n.tick(c.ms.Load()) {
-			t.Fatalf("interval %d: capped with no traffic elsewhere (count %d of 100)", i, 30+10*(i+1))
-		}
+	// An older message, arriving late, changes neither bound nor time.
+	s.merge(originA, v(t0+minute, 2, 1, 9), now+50, now+150)
+	if sl := slotOf(); sl.cap != 3 || sl.at != now+100 {
+		t.Fatalf("a late message changed the bound: %+v", sl)
 	}
-	// 100 counted: the rest of the budget is all this node's.
-	if got := n.admit(100); got != 0 {
-		t.Fatalf("admitted %d over the limit", got)
+	// More demand: its time is noted.
+	s.merge(originA, v(t0+minute, 3, 1, 3), now+200, now+200)
+	if sl := slotOf(); sl.grewAt != now+200 || sl.demand() != 4 {
+		t.Fatalf("more demand: %+v", sl)
 	}
-	n2 := newShareNode(c, self, 10)
-	if got := n2.admit(20); got != 10 {
-		t.Fatalf("alone: admitted %d, want the whole limit 10", got)
-	}
-	if n2.tick(c.ms.Load()) {
-		t.Fatal("a key with no remote slot was capped")
+	// A version 1 value (a state transfer) merges its count and leaves the rest.
+	s.merge(originA, val("ip", t0+minute, 5), now+300, now+300)
+	if sl := slotOf(); sl.count != 5 || sl.cap != 3 || !sl.share || sl.grewAt != now+300 {
+		t.Fatalf("version 1 value: %+v", sl)
 	}
 }
 
-func TestShareThreeEqualNodesNearTheLimit(t *testing.T) {
-	c := &testClock{}
-	c.set(t0 + 10_000)
-	origins := []string{"n1#01", "n2#02", "n3#03"}
-	var nodes []*shareNode
-	for _, o := range origins {
-		nodes = append(nodes, newShareNode(c, o, 300))
-	}
-	// Every interval each node records 20 hits, then sends its own count to the two
-	// others, then ticks. From each node's view: own rate 20, remote rate 40.
-	//
-	// What the others may have admitted since they reported is half an interval at
-	// their rate, 20:
-	//
-	//	interval 1: own 20, remote 40: left 300-20-40-20 = 220 >= 2*60: not capped
-	//	interval 2: own 40, remote 80: left 300-40-80-20 = 160 >= 120: not capped
-	//	interval 3: own 60, remote 120: left 300-60-120-20 = 100 < 120: capped to
-	//	            own + 100*20/(20+40) = 60 + 33
-	want := []bool{false, false, true}
-	for interval, capped := range want {
-		for _, n := range nodes {
-			for range 20 {
-				n.lim.Record(n.k, 1, n.limit)
-			}
-		}
-		now := c.ms.Load()
-		for i, n := range nodes {
-			snap, _ := n.lim.Lookup(n.k)
-			v := value{bucket: "login_ip", id: "ip", sizeMS: snap.SizeMS, endMS: snap.EndMS, count: snap.Own}
-			for j, m := range nodes {
-				if j != i {
-					if r := m.slots.merge(origins[i], v, now); r != merged {
-						t.Fatal(r)
-					}
-				}
-			}
-		}
-		for i, n := range nodes {
-			if got := n.tick(now); got != capped {
-				t.Fatalf("interval %d, node %d: capped %v, want %v", interval+1, i+1, got, capped)
-			}
-		}
-		c.set(now + 100)
-	}
-	// Of the 100 left (after what the others may admit meanwhile), each node may admit
-	// 33, a third; together 99, within the budget. Hits refused by the cap are not
-	// counted.
-	for i, n := range nodes {
-		if got := n.admit(100); got != 33 {
-			t.Fatalf("node %d admitted %d past its cap, want 33", i+1, got)
-		}
-		snap, _ := n.lim.Lookup(n.k)
-		if snap.Own != 93 || snap.Remote != 120 {
-			t.Fatalf("node %d: %+v", i+1, snap)
-		}
-	}
-	// The next interval, with no new traffic anywhere else, lifts the cap.
-	for _, n := range nodes {
-		if n.tick(c.ms.Load()) {
-			t.Fatal("still capped with no remote traffic")
-		}
-	}
-	if got := nodes[0].admit(100); got != 300-93-120 {
-		t.Fatalf("after the cap was lifted: admitted %d, want %d", got, 300-93-120)
+// The node name's origin that sent last directly is its current incarnation.
+func TestSawDirect(t *testing.T) {
+	s, _, _ := newTestSlots(t)
+	s.sawDirect("a#1111")
+	s.sawDirect("a#2222")
+	s.sawDirect("b#3333")
+	if s.names[s.current["a"]] != "a#2222" || s.names[s.current["b"]] != "b#3333" {
+		t.Fatalf("current: %v", s.current)
 	}
 }

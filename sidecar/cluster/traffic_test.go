@@ -120,9 +120,9 @@ func TestStaleDropsAreCountedPerMember(t *testing.T) {
 	c := &testClock{}
 	c.set(t0 + 2*minute + 10_000)
 	n := newTestNode("a", c)
-	n.receive(message{sentAt: t0, origin: "x#01", values: []value{val("ip", t0+minute, 2), val("ip2", t0+minute, 1)}})
-	n.receive(message{sentAt: t0, origin: "x#02", values: []value{val("ip", t0+minute, 2)}})
-	n.receive(message{sentAt: t0 + 2*minute, origin: "y#01", values: []value{val("ip", t0+3*minute, 2)}})
+	n.receive(message{sentAt: t0, origin: "x#01", values: []value{val("ip", t0+minute, 2), val("ip2", t0+minute, 1)}}, true)
+	n.receive(message{sentAt: t0, origin: "x#02", values: []value{val("ip", t0+minute, 2)}}, true)
+	n.receive(message{sentAt: t0 + 2*minute, origin: "y#01", values: []value{val("ip", t0+3*minute, 2)}}, true)
 	if got := n.peerStates["x"]; got == nil || got.staleValues != 3 {
 		t.Fatalf("x: %+v, want 3 stale values", got)
 	}

@@ -14,13 +14,23 @@ import (
 //
 //	message := version(1 byte) sentAt(varint, Unix ms) origin(string) n(uvarint) value{n}
 //	value   := bucket(string) id(string) sizeMS(uvarint) endMS(varint, minus sentAt) count(uvarint)
+//	           [version 2: refused(uvarint) cap(uvarint, bound + 1; 0: none) limit(uvarint)]
 //	string  := length(uvarint) bytes
 //	state   := (length(uvarint) message)*
 //
 // A sync message carries the sender's own slots that changed; a state transfer (on join
 // and on memberlist's periodic push/pull) carries every slot the sender knows, one
-// message per origin.
-const version byte = 1
+// message per origin. Version 2 adds to each of the sender's own values what share mode
+// needs of it (share.go): the hits its bound refused, the bound, and the limit. A node
+// sends version 2 only to members that announce it (their memberlist metadata), and state
+// transfers in version 1, so that nodes of the previous release keep merging counts
+// during a rolling upgrade.
+const (
+	version1 byte = 1
+	version2 byte = 2
+	// version is the newest version this node speaks, announced in its metadata.
+	version = version2
+)
 
 // Bounds of what a message may hold: a malformed or hostile message is rejected whole.
 const (
@@ -35,31 +45,46 @@ type value struct {
 	sizeMS     int64
 	endMS      int64
 	count      uint32
+	// share is set on values of version 2, which carry the rest: the hits the sender's
+	// share-mode bound refused in the window, the bound (when capped) and the limit the
+	// sender last counted with (0: none).
+	share   bool
+	refused uint32
+	cap     uint32
+	capped  bool
+	limit   uint32
 }
 
 type message struct {
-	sentAt int64
-	origin string
-	values []value
+	version byte
+	sentAt  int64
+	origin  string
+	values  []value
 }
 
 // packer encodes one origin's values into messages of at most limit bytes.
 type packer struct {
-	sentAt int64
-	origin string
-	limit  int
-	out    [][]byte
-	body   []byte // values of the message being filled
-	n      int
-	tmp    []byte
+	version byte
+	sentAt  int64
+	origin  string
+	limit   int
+	out     [][]byte
+	body    []byte // values of the message being filled
+	n       int
+	tmp     []byte
 }
 
+// newPacker returns a packer of version 1 messages; newPacker2 of version 2.
 func newPacker(sentAt int64, origin string, limit int) *packer {
-	return &packer{sentAt: sentAt, origin: origin, limit: limit}
+	return &packer{version: version1, sentAt: sentAt, origin: origin, limit: limit}
+}
+
+func newPacker2(sentAt int64, origin string, limit int) *packer {
+	return &packer{version: version2, sentAt: sentAt, origin: origin, limit: limit}
 }
 
 func (p *packer) header(n int) []byte {
-	h := []byte{version}
+	h := []byte{p.version}
 	h = binary.AppendVarint(h, p.sentAt)
 	h = appendString(h, p.origin)
 	return binary.AppendUvarint(h, uint64(n))
@@ -72,6 +97,15 @@ func (p *packer) add(v value) {
 	p.tmp = binary.AppendUvarint(p.tmp, uint64(v.sizeMS))
 	p.tmp = binary.AppendVarint(p.tmp, v.endMS-p.sentAt)
 	p.tmp = binary.AppendUvarint(p.tmp, uint64(v.count))
+	if p.version >= version2 {
+		capWord := uint64(0)
+		if v.capped {
+			capWord = uint64(v.cap) + 1
+		}
+		p.tmp = binary.AppendUvarint(p.tmp, uint64(v.refused))
+		p.tmp = binary.AppendUvarint(p.tmp, capWord)
+		p.tmp = binary.AppendUvarint(p.tmp, uint64(v.limit))
+	}
 	if p.n > 0 && len(p.header(p.n+1))+len(p.body)+len(p.tmp) > p.limit {
 		p.close()
 	}
@@ -130,9 +164,11 @@ func decodeState(b []byte) ([]message, error) {
 // decode parses a message; the strings it returns are copies.
 func decode(b []byte) (message, error) {
 	var m message
-	if len(b) < 1 || b[0] != version {
+	if len(b) < 1 || (b[0] != version1 && b[0] != version2) {
 		return m, errMalformed
 	}
+	m.version = b[0]
+	v2 := m.version == version2
 	r := reader{b: b[1:]}
 	m.sentAt = r.varint()
 	m.origin = r.string()
@@ -150,6 +186,16 @@ func decode(b []byte) (message, error) {
 			return m, errMalformed
 		}
 		v.sizeMS, v.count = int64(size), uint32(count)
+		if v2 {
+			refused, capWord, limit := r.uvarint(), r.uvarint(), r.uvarint()
+			if r.err != nil || refused > 1<<32-1 || capWord > 1<<32 || limit > 1<<32-1 {
+				return m, errMalformed
+			}
+			v.share, v.refused, v.limit = true, uint32(refused), uint32(limit)
+			if capWord > 0 {
+				v.cap, v.capped = uint32(capWord-1), true
+			}
+		}
 		m.values = append(m.values, v)
 	}
 	if r.err != nil || len(r.b) != 0 {

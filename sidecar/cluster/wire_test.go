@@ -11,9 +11,13 @@ import (
 	"testing"
 )
 
-// encode is the inverse of decode: one message holding all of m's values.
+// encode is the inverse of decode: one message holding all of m's values, in its
+// version (1 when unset).
 func encode(m message) []byte {
 	p := newPacker(m.sentAt, m.origin, math.MaxInt)
+	if m.version == version2 {
+		p = newPacker2(m.sentAt, m.origin, math.MaxInt)
+	}
 	for _, v := range m.values {
 		p.add(v)
 	}
@@ -27,6 +31,11 @@ func encode(m message) []byte {
 func sameMessage(a, b message) bool {
 	if len(a.values) == 0 && len(b.values) == 0 {
 		a.values, b.values = nil, nil
+	}
+	for _, m := range []*message{&a, &b} {
+		if m.version == 0 {
+			m.version = version1
+		}
 	}
 	return reflect.DeepEqual(a, b)
 }
@@ -66,6 +75,49 @@ func TestWireRoundTrip(t *testing.T) {
 	}
 }
 
+// Version 2 carries what share mode needs of each value; version 1 still decodes, its
+// values without it.
+func TestWireVersion2RoundTrip(t *testing.T) {
+	values := []value{
+		{bucket: "login_ip", id: "203.0.113.7", sizeMS: 60_000, endMS: 1_700_000_100_000, count: 5,
+			share: true, refused: 7, cap: 9, capped: true, limit: 10},
+		{bucket: "token_create", id: "x", sizeMS: 1000, endMS: 1_700_000_001_000, count: 0,
+			share: true, refused: math.MaxUint32, cap: math.MaxUint32, capped: true, limit: math.MaxUint32},
+		{bucket: "b", id: "y", sizeMS: 1000, endMS: 1_700_000_001_000, count: 3, share: true},               // no bound, no limit
+		{bucket: "b", id: "z", sizeMS: 1000, endMS: 1_700_000_001_000, count: 1, share: true, capped: true}, // a bound of 0
+	}
+	p := newPacker2(1_700_000_000_000, "node-1#0123456789abcdef", maxPacket)
+	for _, v := range values {
+		p.add(v)
+	}
+	msgs := p.messages()
+	if len(msgs) != 1 || msgs[0][0] != version2 {
+		t.Fatalf("%d messages, version %d", len(msgs), msgs[0][0])
+	}
+	m, err := decode(msgs[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := message{version: version2, sentAt: 1_700_000_000_000, origin: "node-1#0123456789abcdef", values: values}
+	if !sameMessage(m, want) {
+		t.Fatalf("decoded %+v\nwant %+v", m, want)
+	}
+	// The same values in version 1: counts only.
+	v1 := encode(message{sentAt: 1, origin: "a#1", values: values})
+	m, err = decode(v1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, v := range m.values {
+		if v.share || v.refused != 0 || v.capped || v.limit != 0 || v.count != values[i].count {
+			t.Fatalf("version 1 value %d: %+v", i, v)
+		}
+	}
+	if len(v1) >= len(msgs[0]) {
+		t.Fatalf("version 1 is %d bytes, version 2 %d: the share fields cost nothing?", len(v1), len(msgs[0]))
+	}
+}
+
 func TestPackerRespectsTheSizeLimit(t *testing.T) {
 	rng := rand.New(rand.NewPCG(1, 2))
 	const sentAt = 1_700_000_000_000
@@ -101,7 +153,7 @@ func TestPackerRespectsTheSizeLimit(t *testing.T) {
 			// A message is closed only when the next value would not fit.
 			if i+1 < len(msgs) {
 				next, _ := decode(msgs[i+1])
-				if n := len(encode(message{sentAt, origin, append(m.values, next.values[0])})); n <= limit {
+				if n := len(encode(message{sentAt: sentAt, origin: origin, values: append(m.values, next.values[0])})); n <= limit {
 					t.Fatalf("limit %d: message %d closed at %d bytes though the next value fit (%d)", limit, i, len(b), n)
 				}
 			}
@@ -143,7 +195,7 @@ func TestDecodeStateRoundTrip(t *testing.T) {
 func malformed() map[string][]byte {
 	valid := encode(message{sentAt: 1_700_000_000_000, origin: "a#1", values: sampleValues[:2]})
 	hdr := func(n uint64) []byte {
-		b := []byte{version}
+		b := []byte{version1}
 		b = binary.AppendVarint(b, 1_700_000_000_000)
 		b = appendString(b, "a#1")
 		return binary.AppendUvarint(b, n)
@@ -156,13 +208,28 @@ func malformed() map[string][]byte {
 		return binary.AppendUvarint(b, count)
 	}
 	hugeString := binary.AppendUvarint(hdr(1), 1<<40)
+	// A version 2 message of one value whose share fields are given.
+	v2 := func(refused, capWord, limit uint64, fields int) []byte {
+		b := hdr(1)
+		b[0] = version2
+		b = val(b, "b", "x", 1, 1)
+		for _, f := range []uint64{refused, capWord, limit}[:fields] {
+			b = binary.AppendUvarint(b, f)
+		}
+		return b
+	}
 	out := map[string][]byte{
 		"empty":                   {},
 		"version 0":               append([]byte{0}, valid[1:]...),
-		"version 2":               append([]byte{2}, valid[1:]...),
+		"version 3":               append([]byte{3}, valid[1:]...),
+		"v2 refused over 32 bits": v2(1<<32, 0, 1, 3),
+		"v2 bound over 32 bits":   v2(0, 1<<32+1, 1, 3),
+		"v2 limit over 32 bits":   v2(0, 0, 1<<32, 3),
+		"v2 without its fields":   v2(0, 0, 0, 0),
+		"v2 with two of three":    v2(0, 0, 0, 2),
 		"trailing byte":           append(bytes.Clone(valid), 0),
 		"trailing value":          val(hdr(0), "b", "x", 1, 1),
-		"no origin":               binary.AppendUvarint(binary.AppendUvarint(binary.AppendVarint([]byte{version}, 1), 0), 0),
+		"no origin":               binary.AppendUvarint(binary.AppendUvarint(binary.AppendVarint([]byte{version1}, 1), 0), 0),
 		"huge count of values":    hdr(1 << 60),
 		"more values than bytes":  append(hdr(100), make([]byte, 99)...),
 		"huge string length":      append(hugeString, make([]byte, 64)...),
@@ -170,7 +237,7 @@ func malformed() map[string][]byte {
 		"window of 0 ms":          val(hdr(1), "b", "x", 0, 1),
 		"window over the longest": val(hdr(1), "b", "x", maxWindowMS+1, 1),
 		"count over 32 bits":      val(hdr(1), "b", "x", 1, 1<<32),
-		"overlong varint":         append([]byte{version}, bytes.Repeat([]byte{0xff}, 11)...),
+		"overlong varint":         append([]byte{version1}, bytes.Repeat([]byte{0xff}, 11)...),
 	}
 	for i := 1; i < len(valid); i++ {
 		out[fmt.Sprintf("truncated to %d bytes", i)] = valid[:i]
@@ -204,6 +271,8 @@ func TestDecodeRejectsMalformedInput(t *testing.T) {
 // testdata/fuzz/FuzzDecode; run longer with go test -fuzz=FuzzDecode ./sidecar/cluster/.
 func FuzzDecode(f *testing.F) {
 	f.Add(encode(message{sentAt: 1_700_000_000_000, origin: "a#1", values: sampleValues}))
+	f.Add(encode(message{version: version2, sentAt: 1_700_000_000_000, origin: "a#1", values: []value{
+		{bucket: "b", id: "x", sizeMS: 1000, endMS: 1_700_000_001_000, count: 3, share: true, refused: 2, cap: 4, capped: true, limit: 5}}}))
 	f.Add(appendState(nil, encode(message{sentAt: 5, origin: "b#2", values: sampleValues[1:2]}), encode(message{sentAt: -5, origin: "c"})))
 	for _, b := range malformed() {
 		f.Add(b)

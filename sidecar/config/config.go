@@ -33,8 +33,8 @@ type Config struct {
 	DatabaseURL  string // DATABASE_URL; "" runs without a database
 	Backend      string // RATE_LIMIT_BACKEND: "local" or "cluster"
 	SyncInterval time.Duration
-	// ShareMode (RATE_LIMIT_SHARE_MODE) bounds each node to its share of a nearly
-	// used-up budget in a cluster.
+	// ShareMode (RATE_LIMIT_SHARE_MODE) divides each counter's limit among the nodes
+	// of a cluster that count it.
 	ShareMode bool
 	Cluster   Cluster
 	// ClockOffset shifts the sidecar's wall clock (SIDECAR_TEST_CLOCK_OFFSET_MS): a test

@@ -79,7 +79,10 @@ type shard struct {
 	// DrainChanged; each is listed once, while its changed flag is set.
 	changedMu sync.Mutex
 	changed   []changedEntry
-	_         [40]byte // 128 bytes: a shard is two whole cache lines, its lock never split
+	// dirty is set while changed is not empty, so that DrainChanged passes the shards
+	// with nothing to drain without taking their lock.
+	dirty atomic.Bool
+	_     [36]byte // 128 bytes: a shard is two whole cache lines, its lock never split
 }
 
 func (s *shard) get(k Key) *entry {
@@ -272,7 +275,8 @@ func (l *Limiter) shard(k Key) *shard {
 
 // add adds n to k's count in window w and returns its replica (nil when local) and new count. With
 // capped, a share-mode bound on this node's count applies: hits over it are refused
-// without counting (ok false), so they do not use up the other nodes' budget.
+// without counting (ok false), so they do not use up the other nodes' budget, and are
+// noted as refused, so that share mode knows what this node was asked for.
 //
 // The entry's line is contended when many requests share a key: everything the caller
 // needs of it (ext, immutable) is read before the CAS, nothing after.
@@ -283,8 +287,8 @@ func (l *Limiter) add(k Key, n uint32, w uint32, end int64, size int64, capped b
 	if e != nil {
 		ext = e.ext
 		count, ok = e.add(n, w, end, size, maxOwn(ext, w, capped))
-		if ok && ext != nil {
-			s.noteChanged(k, e, ext)
+		if ext != nil {
+			s.noteAdded(k, e, ext, n, w, ok)
 		}
 		s.mu.RUnlock()
 		return ext, count, ok
@@ -298,8 +302,8 @@ func (l *Limiter) add(k Key, n uint32, w uint32, end int64, size int64, capped b
 	}
 	ext = e.ext
 	count, ok = e.add(n, w, end, size, maxOwn(ext, w, capped))
-	if ok && ext != nil {
-		s.noteChanged(k, e, ext)
+	if ext != nil {
+		s.noteAdded(k, e, ext, n, w, ok)
 	}
 	s.mu.Unlock()
 	return ext, count, ok
@@ -365,7 +369,7 @@ func (l *Limiter) Sweep() int {
 		s.mu.Lock()
 		for _, m := range s.byBucket {
 			for id, e := range m {
-				if e.endMS.Load() <= now {
+				if e.endMS.Load() <= now && (e.ext == nil || e.ext.keepMS.Load() <= now) {
 					delete(m, id)
 					removed++
 				}

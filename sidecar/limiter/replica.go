@@ -6,13 +6,23 @@ import (
 )
 
 // replica is the replicated part of a counter: the sum the other nodes reported for a
-// window, the share-mode bound on this node's own count, and the changed flag that puts
-// the counter on its shard's list for the next sync. Each word packs the window index
-// (mod 2^32) in its high half, so a value for another window reads as absent.
+// window, the share-mode bound on this node's own count, the hits that bound refused,
+// and the changed flag that puts the counter on its shard's list for the next sync.
+// Each word packs the window index (mod 2^32) in its high half, so a value for another
+// window reads as absent.
 type replica struct {
-	id      string        // the counter's id, as stored in its shard's map
-	remote  atomic.Uint64 // window | sum of the other nodes' counts
-	cap     atomic.Uint64 // window | own cap + 1; 0: no cap
+	id     string        // the counter's id, as stored in its shard's map
+	remote atomic.Uint64 // window | sum of the other nodes' counts
+	// cap holds the share-mode bound of a window in the word of its parity, so that
+	// the bound of the next window can be set before it begins while the current one
+	// still applies: window | own cap + 1; 0: no cap.
+	cap [2]atomic.Uint64
+	// refused counts the hits the bound refused (not counted in the own count): with
+	// the own count, what this node was asked for, which share mode divides by.
+	refused atomic.Uint64 // window | hits
+	// keepMS keeps the counter from the sweeper until then: the end of the window of
+	// the latest bound, which may be the next window.
+	keepMS  atomic.Int64
 	limit   atomic.Uint32 // the limit of the last Check or Record
 	changed atomic.Uint32 // 1 while on the shard's changed list
 }
@@ -29,6 +39,11 @@ type Snapshot struct {
 	Limit  uint32 // the limit of the last Check or Record (0: none yet)
 	SizeMS int64  // the window's length
 	EndMS  int64  // the window's end, in Unix milliseconds
+	// Refused is the hits share mode's bound refused in the window (not in Own).
+	Refused uint32
+	// Cap is share mode's bound on Own in the window, when Capped.
+	Cap    uint32
+	Capped bool
 }
 
 func (r *replica) total(own, w uint32) uint32 {
@@ -43,16 +58,40 @@ func (r *replica) total(own, w uint32) uint32 {
 
 // capFor returns the share-mode bound on this node's count in window w.
 func (r *replica) capFor(w uint32) uint32 {
-	if v := r.cap.Load(); v != 0 && uint32(v>>32) == w {
+	if v := r.cap[w&1].Load(); v != 0 && uint32(v>>32) == w {
 		return uint32(v) - 1
 	}
 	return math.MaxUint32
+}
+
+// noteRefused adds n hits refused by the share-mode bound in window w.
+func (r *replica) noteRefused(n, w uint32) {
+	for {
+		old := r.refused.Load()
+		var c uint32
+		if uint32(old>>32) == w {
+			c = uint32(old)
+		}
+		c += min(n, math.MaxUint32-c)
+		if r.refused.CompareAndSwap(old, uint64(w)<<32|uint64(c)) {
+			return
+		}
+	}
 }
 
 func (r *replica) noteLimit(limit uint32) {
 	if r.limit.Load() != limit {
 		r.limit.Store(limit)
 	}
+}
+
+// noteAdded lists a replicated counter for the next sync after an add of n hits in
+// window w, and notes the hits as refused when the share-mode bound refused them.
+func (s *shard) noteAdded(k Key, e *entry, ext *replica, n, w uint32, ok bool) {
+	if !ok {
+		ext.noteRefused(n, w)
+	}
+	s.noteChanged(k, e, ext)
 }
 
 // noteChanged lists a replicated counter for the next DrainChanged, once. The list keeps
@@ -63,6 +102,7 @@ func (s *shard) noteChanged(k Key, e *entry, ext *replica) {
 	}
 	s.changedMu.Lock()
 	s.changed = append(s.changed, changedEntry{Key{k.Bucket, ext.id}, e})
+	s.dirty.Store(true)
 	s.changedMu.Unlock()
 }
 
@@ -80,6 +120,12 @@ func (e *entry) snapshot() Snapshot {
 	if e.ext != nil {
 		snap.Remote = e.ext.total(0, w)
 		snap.Limit = e.ext.limit.Load()
+		if v := e.ext.refused.Load(); uint32(v>>32) == w {
+			snap.Refused = uint32(v)
+		}
+		if c := e.ext.capFor(w); c != math.MaxUint32 {
+			snap.Cap, snap.Capped = c, true
+		}
 	}
 	return snap
 }
@@ -89,9 +135,13 @@ func (e *entry) snapshot() Snapshot {
 func (l *Limiter) DrainChanged(f func(Key, Snapshot)) {
 	for i := range l.shards {
 		s := &l.shards[i]
+		if !s.dirty.Load() {
+			continue
+		}
 		s.changedMu.Lock()
 		list := s.changed
 		s.changed = nil
+		s.dirty.Store(false)
 		s.changedMu.Unlock()
 		for j, c := range list {
 			// Clear first: a hit after this line lists the counter again.
@@ -145,19 +195,50 @@ func (l *Limiter) SetRemote(k Key, sizeMS int64, endMS int64, sum uint32) {
 }
 
 // SetCap bounds this node's own count of k in the window of sizeMS ending at endMS to
-// cap (share mode); ClearCap lifts the bound.
+// cap (share mode): hits over it are refused without being counted. The window may be
+// the current one or the next; a bound of one window leaves the other's alone.
 func (l *Limiter) SetCap(k Key, sizeMS int64, endMS int64, cap uint32) {
-	if e := l.replicaEntry(k, sizeMS, endMS); e != nil {
-		e.ext.cap.Store(windowWord(sizeMS, endMS) | uint64(min(cap, math.MaxUint32-1)+1))
+	if !l.replicated || sizeMS <= 0 {
+		return
 	}
+	_, e := l.entry(k)
+	if e.sizeMS.Load() == 0 {
+		// A counter of its own: its window is the current one.
+		now := l.now()
+		e.sizeMS.Store(sizeMS)
+		e.endMS.Store((now/sizeMS + 1) * sizeMS)
+	}
+	if e.ext.keepMS.Load() < endMS {
+		e.ext.keepMS.Store(endMS)
+	}
+	word := windowWord(sizeMS, endMS)
+	e.ext.cap[(word>>32)&1].Store(word | uint64(min(cap, math.MaxUint32-1)+1))
 }
 
-// ClearCap lifts k's share-mode bound.
-func (l *Limiter) ClearCap(k Key) {
+// CapIn returns k's share-mode bound in the window of sizeMS ending at endMS, and false
+// when there is none.
+func (l *Limiter) CapIn(k Key, sizeMS int64, endMS int64) (uint32, bool) {
+	s := l.shard(k)
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	if e := s.get(k); e != nil && e.ext != nil {
+		if c := e.ext.capFor(uint32(windowWord(sizeMS, endMS) >> 32)); c != math.MaxUint32 {
+			return c, true
+		}
+	}
+	return 0, false
+}
+
+// ClearCap lifts k's share-mode bound in the window of sizeMS ending at endMS.
+func (l *Limiter) ClearCap(k Key, sizeMS int64, endMS int64) {
 	s := l.shard(k)
 	s.mu.RLock()
 	if e := s.get(k); e != nil && e.ext != nil {
-		e.ext.cap.Store(0)
+		word := windowWord(sizeMS, endMS)
+		c := &e.ext.cap[(word>>32)&1]
+		if v := c.Load(); v != 0 && v>>32 == word>>32 {
+			c.CompareAndSwap(v, 0)
+		}
 	}
 	s.mu.RUnlock()
 }

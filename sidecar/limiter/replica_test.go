@@ -86,7 +86,7 @@ func TestCapBoundsOwnCount(t *testing.T) {
 	}
 	// The hit refused by the cap was not counted: it must not use up the budget the
 	// other nodes share.
-	l.ClearCap(k)
+	l.ClearCap(k, 1000, 1000)
 	if r := l.Check(k, 1, lim); !r.Allowed || r.Count != 4 {
 		t.Fatalf("after ClearCap: %+v", r)
 	}
@@ -97,6 +97,99 @@ func TestCapBoundsOwnCount(t *testing.T) {
 	l.SetCap(k, 1000, 1000, 0)
 	if r := l.Check(k, 1, lim); r.Allowed {
 		t.Fatal("cap 0 allowed a hit")
+	}
+}
+
+// The bound of the next window can be set while the current one's applies; hits the
+// bound refuses are noted, listed for the next sync, and not counted.
+func TestCapsOfTwoWindowsAndRefusedHits(t *testing.T) {
+	l, c := newReplicated(t, 10_500)
+	k := Key{l.Bucket("b"), "x"}
+	lim := Limit{Count: 100, Window: time.Second}
+	l.SetCap(k, 1000, 11_000, 2) // this window
+	l.SetCap(k, 1000, 12_000, 5) // the next
+	if c, ok := l.CapIn(k, 1000, 11_000); !ok || c != 2 {
+		t.Fatalf("CapIn this window: %d %v", c, ok)
+	}
+	if _, ok := l.CapIn(k, 1000, 13_000); ok {
+		t.Fatal("a bound for a window never set")
+	}
+	// SetCap of the next window does not move the counter into it.
+	if s, _ := l.Lookup(k); s.EndMS != 11_000 || s.Own != 0 {
+		t.Fatalf("after the bounds: %+v", s)
+	}
+	l.DrainChanged(func(Key, Snapshot) {})
+	for i := range 4 {
+		if r := l.Check(k, 1, lim); r.Allowed != (i < 2) {
+			t.Fatalf("hit %d: %+v", i+1, r)
+		}
+	}
+	if r := l.Take(k, 1, lim); r.Allowed {
+		t.Fatalf("Take over the bound: %+v", r)
+	}
+	s, _ := l.Lookup(k)
+	if s.Own != 2 || s.Refused != 3 || !s.Capped || s.Cap != 2 {
+		t.Fatalf("this window: %+v, want 2 counted, 3 refused, bound 2", s)
+	}
+	var drained []Snapshot
+	l.DrainChanged(func(_ Key, s Snapshot) { drained = append(drained, s) })
+	if len(drained) != 1 || drained[0].Refused != 3 {
+		t.Fatalf("drained %+v", drained)
+	}
+	// A refused hit alone lists the counter again.
+	l.Check(k, 1, lim)
+	n := 0
+	l.DrainChanged(func(Key, Snapshot) { n++ })
+	if n != 1 {
+		t.Fatalf("a refused hit listed the counter %d times", n)
+	}
+	// The next window: its own bound, and nothing refused yet.
+	c.set(11_000)
+	for i := range 6 {
+		if r := l.Check(k, 1, lim); r.Allowed != (i < 5) {
+			t.Fatalf("next window, hit %d: %+v", i+1, r)
+		}
+	}
+	if s, _ := l.Lookup(k); s.Own != 5 || s.Refused != 1 || s.Cap != 5 {
+		t.Fatalf("next window: %+v", s)
+	}
+	// ClearCap of one window leaves the other's.
+	l.SetCap(k, 1000, 13_000, 7)
+	l.ClearCap(k, 1000, 12_000)
+	if _, ok := l.CapIn(k, 1000, 12_000); ok {
+		t.Fatal("the bound was not lifted")
+	}
+	if c, ok := l.CapIn(k, 1000, 13_000); !ok || c != 7 {
+		t.Fatal("lifting one window's bound lifted the other's")
+	}
+}
+
+// A counter with a bound for the next window is kept until that window ends, and a
+// bound set on a counter never counted here starts it in the current window.
+func TestCapKeepsTheCounter(t *testing.T) {
+	l, c := newReplicated(t, 10_500)
+	k := Key{l.Bucket("b"), "x"}
+	l.SetCap(k, 1000, 12_000, 3)
+	if s, ok := l.Lookup(k); !ok || s.EndMS != 11_000 || s.SizeMS != 1000 {
+		t.Fatalf("a bound on a new counter: %+v %v", s, ok)
+	}
+	c.set(11_500)
+	l.Sweep()
+	if l.Len() != 1 {
+		t.Fatal("swept before the window of its bound ended")
+	}
+	if r := l.Check(k, 4, Limit{Count: 100, Window: time.Second}); r.Allowed {
+		t.Fatalf("4 hits over a bound of 3: %+v", r)
+	}
+	c.set(12_000)
+	l.Sweep()
+	if l.Len() != 0 {
+		t.Fatal("kept after the window of its bound")
+	}
+	local := New(Options{Now: c.now})
+	local.SetCap(k, 1000, 13_000, 1)
+	if local.Len() != 0 {
+		t.Fatal("a local limiter took a bound")
 	}
 }
 
@@ -144,21 +237,27 @@ func TestDrainChanged(t *testing.T) {
 }
 
 // BenchmarkCheckReplicated compares the hot path of a replicated limiter, drained as
-// the sync loop drains it, with a local one, in the same run.
+// the sync loop drains it, with a local one, in the same run; and the path of a check
+// that share mode's bound refuses (noted as refused, the counter listed for the sync).
 func BenchmarkCheckReplicated(b *testing.B) {
 	for _, mode := range []struct {
 		name       string
 		replicated bool
-	}{{"local", false}, {"replicated", true}} {
+		capped     bool // every check refused by a share-mode bound
+	}{{"local", false, false}, {"replicated", true, false}, {"replicated-refused", true, true}} {
 		b.Run(mode.name, func(b *testing.B) {
 			l := New(Options{Replicated: mode.replicated})
 			bk := l.Bucket("activity_create")
 			keys := make([]Key, 10_000)
+			const hour = 3_600_000
 			for i := range keys {
 				keys[i] = Key{bk, fmt.Sprintf("%08x-0000-4000-8000-%012x", i, i)}
-				l.SetRemote(keys[i], 1000, (l.NowMS()/1000+1)*1000, 1)
+				l.SetRemote(keys[i], hour, (l.NowMS()/hour+1)*hour, 1)
+				if mode.capped {
+					l.SetCap(keys[i], hour, (l.NowMS()/hour+1)*hour, 0)
+				}
 			}
-			lim := Limit{Count: 1 << 30, Window: time.Second}
+			lim := Limit{Count: 1 << 30, Window: time.Hour}
 			stop := make(chan struct{})
 			done := make(chan struct{})
 			go func() {

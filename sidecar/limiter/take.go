@@ -38,8 +38,8 @@ func (l *Limiter) Take(k Key, n uint32, lim Limit) Result {
 		e.ext.noteLimit(lim.Count)
 	}
 	own, ok := e.add(n, w, end, size, maxOwn)
-	if ok && e.ext != nil {
-		s.noteChanged(k, e, e.ext)
+	if e.ext != nil {
+		s.noteAdded(k, e, e.ext, n, w, ok)
 	}
 	count := own + remote
 	if count < own {

@@ -25,6 +25,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -730,6 +731,120 @@ func TestClusterClockAhead(t *testing.T) {
 		if want := m.GetName() == "n1"; want != (m.GetStaleDropped() > 0) {
 			t.Errorf("n3's view of %s: %d stale values dropped", m.GetName(), m.GetStaleDropped())
 		}
+	}
+}
+
+// (i) Share mode: a key all three nodes counted in one window gets a burst at the very
+// start of the next, each node receiving the whole limit at once, before any of them can
+// hear of the others' counts in it. Each admits only the part it set for itself before
+// the window began: together the limit, not three times it. A stall of a busy machine
+// that lets the warm-up's window end before the bounds are set, or the burst outlast its
+// window, is not the answer: the attempt is made again on a fresh key, at most three
+// times.
+func TestClusterShareModeHoldsAWindowStartBurst(t *testing.T) {
+	t.Parallel()
+	const window = 3000 // ms
+	const bucket, limit = "login_ip", 30
+	yaml := fmt.Sprintf("limits:\n  %s: {limit: %d, window: 3s}\n", bucket, limit)
+	offset := clockOffset(time.Hour)
+	nodes := startCluster(t, 3, yaml, offset, nil)
+	clock := func() int64 { return time.Now().UnixMilli() + offset }
+
+	// attempt runs the warm-up and the burst on key; it returns what each node allowed,
+	// or why the timing was missed.
+	attempt := func(key string) (allowed []int, missed string) {
+		// The warm-up and its sync take well under a second; start it with at least
+		// 2 s of the window left.
+		if left := window - clock()%window; left < 2000 {
+			time.Sleep(time.Duration(left+50) * time.Millisecond)
+		}
+		end := (clock()/window + 1) * window // of the warm-up's window
+		// The first node is alone with demand and not bound. When a sync falls between
+		// the nodes' checks, the ones that come later are new to the key while the
+		// others already claimed what their early rate projects, and may be refused
+		// until their demand is reported: what sets the bounds of the next window is
+		// the demand, counted or refused.
+		for i, n := range nodes {
+			for range 2 {
+				if !n.check(bucket, key).Allowed {
+					if i == 0 {
+						t.Fatalf("%s: a warm-up check denied to the only node with demand", n.name)
+					}
+					t.Logf("%s: a warm-up check refused (the others had claimed the window)", n.name)
+				}
+			}
+		}
+		// Every node hears of the others and sets its bound of the next window.
+		var seen []string
+		for {
+			seen = seen[:0]
+			ok := true
+			for _, n := range nodes {
+				d := n.debug(bucket, key)
+				seen = append(seen, fmt.Sprintf("%s: slots %d, next bound %v", n.name, len(d.Slots), d.NextBound))
+				ok = ok && len(d.Slots) == 2 && d.NextBound != nil && d.WindowEndMS == end
+			}
+			if ok {
+				break
+			}
+			if clock() >= end-50 {
+				return nil, "the window ended before every node had set its next bound: " + strings.Join(seen, "; ")
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+		time.Sleep(time.Duration(end-clock()) * time.Millisecond)
+
+		// The burst: each node gets the whole limit at once.
+		var counts [3]atomic.Int32
+		var wg sync.WaitGroup
+		for i, n := range nodes {
+			for range limit {
+				wg.Go(func() {
+					ctx, cancel := n.ctx()
+					defer cancel()
+					r, err := n.limiter.Check(ctx, bucket, key, 1)
+					if err != nil {
+						t.Errorf("%s: Check: %v", n.name, err)
+						return
+					}
+					if r.Allowed {
+						counts[i].Add(1)
+					}
+				})
+			}
+		}
+		wg.Wait()
+		if clock() >= end+window {
+			return nil, "the burst outlasted its window"
+		}
+		for i := range nodes {
+			allowed = append(allowed, int(counts[i].Load()))
+		}
+		return allowed, ""
+	}
+
+	for try := 1; ; try++ {
+		key := fmt.Sprintf("198.51.100.%d", 40+try)
+		allowed, missed := attempt(key)
+		if missed != "" {
+			if try == 3 {
+				t.Fatalf("attempt %d: %s (machine too slow)", try, missed)
+			}
+			t.Logf("attempt %d: %s; again on a fresh key", try, missed)
+			continue
+		}
+		total := allowed[0] + allowed[1] + allowed[2]
+		t.Logf("a burst of %d checks on each node at the window's start: allowed %v, %d in all (limit %d)", limit, allowed, total, limit)
+		// The bounds divide the limit: rounding may leave a few unused, never more.
+		if total > limit || total < limit-3 {
+			t.Errorf("the window allowed %d of %d checks, want the limit %d", total, 3*limit, limit)
+		}
+		for i, n := range nodes {
+			if d := n.debug(bucket, key); d.Own != uint32(allowed[i]) || d.Refused != uint32(limit-allowed[i]) {
+				t.Errorf("%s counted %d and refused %d, allowed %d", n.name, d.Own, d.Refused, allowed[i])
+			}
+		}
+		return
 	}
 }
 

@@ -1,0 +1,357 @@
+package cluster
+
+import (
+	"math"
+	"slices"
+	"strings"
+)
+
+// Share mode divides a counter's limit among the nodes that are counting it, so that a
+// window holds the limit however fast the budget goes and however the checks bunch at
+// the start of a window, before any node has heard of another's count in it.
+//
+// Every sync interval each node works out, for each key it counts or hears of, a bound
+// on its own count (its claim) for the current window and for the next, and sends the
+// claim with its count and with what it was asked for (its demand: the count plus the
+// hits its bound refused). The bound is what is left of the limit once the claims the
+// others reported are set aside, divided among the nodes by what they are projected to
+// need until the window ends (max-min fair: a node needing less than an equal part gets
+// its need, the others share the rest equally); what nobody needs is split evenly over
+// every live member, as headroom for a node that gets checks it did not expect. Since
+// every node sets aside the others' claims and takes only its own part, the claims add
+// up to the limit at most; since the next window's claims are set before it begins, from
+// the demand of the last window's length, a burst at a window's start finds every node
+// holding only its part.
+//
+// A node that is the only one with demand on a key (the others idle in this window and
+// the last, as their reports say) is not bound and gets the whole limit; the others then
+// set aside for it all it is projected to need. A node the others do not know as busy
+// yet gets only the headroom until its demand is reported and the busy ones make room
+// (a sync interval or two). A member that left, or an earlier incarnation of a
+// restarted one, keeps its count in the total but is given nothing more.
+//
+// What share mode cannot bound: the first window of a key that no node counted in the
+// window before (every node sees itself alone, as without share mode), and demand that
+// moves between nodes faster than the sync interval within a window (a node's claim
+// follows its demand one report later).
+
+// Share mode's projections.
+const (
+	// needMargin is how much more than its projected demand a node is given room for.
+	needMargin = 1.25
+	// silentIntervals is how long, in sync intervals, a node whose demand did not grow
+	// is taken to need no more in the current window (every node sends the counters
+	// it counted or refused at each interval): it keeps what it counted and gives the
+	// rest of its bound back.
+	silentIntervals = 2
+	// releaseShare is the part of the limit a bound must fall by for the node to send
+	// it at once, so that the others can take it.
+	releaseShare = 16
+)
+
+// shareNode is share mode's view of one node for one key.
+type shareNode struct {
+	name string // origin: orders the remainders of a division, the same on every node
+	live bool   // a live member's current incarnation
+	// count and demand (count and refused hits) in the current window; prevDemand in
+	// the window before.
+	count, demand, prevDemand int64
+	// claim is its bound in the current window, when claimed; capped says whether it
+	// is bound there (a node without share mode, or alone with demand, is not).
+	claim   int64
+	claimed bool
+	capped  bool
+	// shares says the node runs share mode (it sent version 2 values).
+	shares bool
+	// at is when the values were sent (now, for this node); grewAt when its demand in
+	// the current window last grew, as seen here (0: never).
+	at, grewAt int64
+}
+
+// shareView is what one node knows of one key at one moment.
+type shareView struct {
+	now        int64 // Unix ms
+	startMS    int64 // the current window's start
+	sizeMS     int64
+	intervalMS int64 // the sync interval
+	limit      int64
+	members    int // live members, this node included
+	self       shareNode
+	peers      []shareNode
+	// sending says this node sends its value of the key at this flush anyway (it
+	// counted or refused since the last).
+	sending bool
+}
+
+// sharePlan is share mode's decision for one key: this node's bound in the current
+// window and in the next (capped false: no bound), and whether to send the current one
+// now, counted or not.
+type sharePlan struct {
+	cur, next             int64
+	curCapped, nextCapped bool
+	send                  bool
+}
+
+// active reports demand in the current window or the one before.
+func (n shareNode) active() bool { return n.demand > 0 || n.prevDemand > 0 }
+
+// held is what the node may have counted in the current window: its claim when it is
+// a live member bound by share mode, else its count.
+func (n shareNode) held() int64 {
+	if n.live && n.capped && n.claimed {
+		return max(n.count, n.claim)
+	}
+	return n.count
+}
+
+// rate is the node's demand per millisecond, projected from its values at time at:
+// the demand of the last window's length (the window before weighted by the part of it
+// still within that length), or, when faster, the current window's demand over the
+// time it took (at least a millisecond).
+func (v shareView) rate(n shareNode) float64 {
+	elapsed := min(max(n.at-v.startMS, 0), v.sizeMS)
+	e := float64(elapsed) / float64(v.sizeMS)
+	r := (float64(n.prevDemand)*(1-e) + float64(n.demand)) / float64(v.sizeMS)
+	if n.demand > 0 {
+		span := max(elapsed, 1)
+		r = max(r, float64(n.demand)/float64(span))
+	}
+	return r
+}
+
+// silent reports a node whose demand has not grown for silentIntervals.
+func (v shareView) silent(n shareNode) bool {
+	return v.now-max(n.grewAt, v.startMS) >= silentIntervals*v.intervalMS
+}
+
+// need is the count the node is projected to reach in the current window: its count
+// and, with the margin, its demand until the window ends; only its count once it is
+// silent.
+func (v shareView) need(n shareNode) int64 {
+	if v.silent(n) {
+		return n.count
+	}
+	left := max(v.startMS+v.sizeMS-n.at, 0)
+	return n.count + v.ceil(v.rate(n)*float64(left)*needMargin)
+}
+
+// needNext is the node's projected count in the next window.
+func (v shareView) needNext(n shareNode) int64 {
+	return v.ceil(v.rate(n) * float64(v.sizeMS) * needMargin)
+}
+
+// ceil rounds up, bounded by the limit (no node needs more than all of it).
+func (v shareView) ceil(f float64) int64 {
+	if f <= 0 {
+		return 0
+	}
+	return int64(min(math.Ceil(f), float64(v.limit)))
+}
+
+// plan decides this node's bounds.
+func (v shareView) plan() sharePlan {
+	var p sharePlan
+	if v.limit <= 0 {
+		return p
+	}
+	busy := 0 // live peers with demand in this window or the last
+	for _, n := range v.peers {
+		if n.live && n.active() {
+			busy++
+		}
+	}
+	if busy > 0 {
+		p.cur, p.curCapped = v.bound(), true
+		// The others set aside what this node last sent (or, before it sent anything
+		// of the window, the bound it set before the window began): a bound that rose
+		// must reach them before it is used up, and one that fell helps them only once
+		// they know of it; a small fall is not worth a message, and the node keeps its
+		// bound instead, so that its view and theirs stay the same. A node that is not
+		// busy is set aside only as headroom.
+		if c := v.self; c.claimed && c.active() && !v.sending {
+			switch {
+			case p.cur > c.claim:
+				p.send = true
+			case c.claim-p.cur >= max(v.limit/releaseShare, 1):
+				p.send = true
+			case p.cur < c.claim:
+				p.cur = c.claim
+			}
+		}
+	}
+	next := 0 // live peers with demand in this window: busy in the next one
+	for _, n := range v.peers {
+		if n.live && n.demand > 0 {
+			next++
+		}
+	}
+	if next > 0 {
+		p.next, p.nextCapped = v.boundNext(next), true
+	}
+	return p
+}
+
+// bound is this node's bound in the current window: its count and its part of the limit
+// left once the others' claims (or counts) are set aside.
+func (v shareView) bound() int64 {
+	var start map[string]int64 // the bounds set before the window began, by node
+	// This node keeps its bound, or the part of it it is projected to need: giving up
+	// more would hand it to nodes that may not be asked for it before the window ends.
+	// Without one (it did not set one before the window began), it keeps what that
+	// would have been.
+	need := v.need(v.self)
+	keep := v.self.count
+	switch {
+	case v.self.claimed:
+		keep = max(keep, min(v.self.claim, need))
+	case v.self.prevDemand > 0:
+		start = v.startBounds()
+		keep = max(keep, min(start[v.self.name], need))
+	}
+	budget := v.limit - keep
+	cs := []claimant{{name: v.self.name, unmet: max(need-keep, 0), capped: true}}
+	for _, n := range v.peers {
+		held := n.held()
+		capped := n.capped
+		if n.live && n.active() && !n.claimed {
+			// No value of this window from it yet: it holds the bound it set before the
+			// window began, if it runs share mode and someone else was busy in the
+			// last window.
+			capped = n.shares && v.othersBusy(n, func(o shareNode) bool { return o.prevDemand > 0 })
+			if capped {
+				if start == nil {
+					start = v.startBounds()
+				}
+				held = max(held, start[n.name])
+			}
+		}
+		budget -= held
+		if n.live && n.active() {
+			cs = append(cs, claimant{name: n.name, unmet: max(v.need(n)-held, 0), capped: capped})
+		}
+	}
+	parts, headroom := allocate(budget, cs, v.members)
+	return keep + parts[0] + headroom
+}
+
+// startBounds are the bounds the nodes set for the current window before it began, as
+// boundNext set them from the last window's demand, by node name.
+func (v shareView) startBounds() map[string]int64 {
+	type node struct {
+		n      shareNode
+		capped bool
+	}
+	var ns []node
+	busy := func(n shareNode) bool { return n.prevDemand > 0 }
+	if busy(v.self) || v.othersBusy(v.self, busy) {
+		ns = append(ns, node{v.self, true})
+	}
+	for _, n := range v.peers {
+		if n.live && busy(n) {
+			ns = append(ns, node{n, n.shares && v.othersBusy(n, busy)})
+		}
+	}
+	cs := make([]claimant, len(ns))
+	for i, n := range ns {
+		cs[i] = claimant{name: n.n.name, unmet: v.ceil(float64(n.n.prevDemand) * needMargin), capped: n.capped}
+	}
+	parts, headroom := allocate(v.limit, cs, v.members)
+	out := make(map[string]int64, len(ns))
+	for i, n := range ns {
+		out[n.n.name] = parts[i] + headroom
+	}
+	return out
+}
+
+// boundNext is this node's bound in the next window, which no node has counted in yet:
+// its part of the whole limit. busy is the number of live peers with demand in the
+// current window.
+func (v shareView) boundNext(busy int) int64 {
+	cs := []claimant{{name: v.self.name, unmet: v.needNext(v.self), capped: true}}
+	selfBusy := v.self.demand > 0
+	for _, n := range v.peers {
+		if !n.live || n.demand == 0 {
+			continue
+		}
+		// Bound there if it runs share mode and is not alone with demand.
+		capped := n.shares && (selfBusy || busy > 1)
+		cs = append(cs, claimant{name: n.name, unmet: v.needNext(n), capped: capped})
+	}
+	parts, headroom := allocate(v.limit, cs, v.members)
+	return parts[0] + headroom
+}
+
+// othersBusy reports whether a node other than n (this one included) is busy by f.
+func (v shareView) othersBusy(n shareNode, f func(shareNode) bool) bool {
+	if f(v.self) {
+		return true
+	}
+	for _, o := range v.peers {
+		if o.name != n.name && o.live && f(o) {
+			return true
+		}
+	}
+	return false
+}
+
+// claimant is one node's part in a division of a budget.
+type claimant struct {
+	name   string
+	unmet  int64 // what it is projected to need beyond what it holds
+	capped bool  // false: not bound by share mode, so served first
+}
+
+// allocate divides budget among the claimants: first those that are not capped, each
+// up to its need (they count regardless), then the capped ones by max-min fairness:
+// in order of need, each gets its need or an equal part of what is left, whichever is
+// less, the odd hits of the equal parts going to the first names. What nobody needs is
+// headroom, split evenly over members nodes. It returns the claimants' parts, in their
+// order, and the headroom.
+func allocate(budget int64, cs []claimant, members int) (parts []int64, headroom int64) {
+	parts = make([]int64, len(cs))
+	if budget <= 0 {
+		return parts, 0
+	}
+	left := budget
+	for _, capped := range []bool{false, true} {
+		var idx []int
+		for i, c := range cs {
+			if c.capped == capped {
+				idx = append(idx, i)
+			}
+		}
+		left = waterfill(left, cs, idx, parts)
+	}
+	return parts, left / int64(max(members, 1))
+}
+
+// waterfill gives the claimants idx of cs their max-min fair parts of budget, into
+// parts, and returns what is left.
+func waterfill(budget int64, cs []claimant, idx []int, parts []int64) int64 {
+	slices.SortFunc(idx, func(a, b int) int {
+		if cs[a].unmet != cs[b].unmet {
+			return int(min(max(cs[a].unmet-cs[b].unmet, -1), 1))
+		}
+		return strings.Compare(cs[a].name, cs[b].name)
+	})
+	for j, i := range idx {
+		n := int64(len(idx) - j)
+		if u := max(cs[i].unmet, 0); u <= budget/n {
+			parts[i] = u
+			budget -= u
+			continue
+		}
+		// Everyone from here on needs more than an equal part: each gets one.
+		rest := slices.Clone(idx[j:])
+		slices.SortFunc(rest, func(a, b int) int { return strings.Compare(cs[a].name, cs[b].name) })
+		q, r := budget/n, budget%n
+		for t, i := range rest {
+			parts[i] = q
+			if int64(t) < r {
+				parts[i]++
+			}
+		}
+		return 0
+	}
+	return budget
+}

@@ -1,0 +1,519 @@
+package cluster
+
+import (
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/converger/edge/sidecar/limiter"
+)
+
+// A simulated cluster: the nodes' limiters and replicators (the code the sidecar runs)
+// on one test clock, each flushing at its own phase of the sync interval, their
+// messages encoded, delayed and decoded as on the wire, and a load of checks per
+// millisecond. It is deterministic and runs many windows in milliseconds, so that share
+// mode's bound is checked at every offered load and phase.
+
+// simNode is one node of a simulated cluster.
+type simNode struct {
+	name  string
+	lim   *limiter.Limiter
+	rep   *replicator
+	phase int64 // its flushes fall at phase + k × interval
+	next  int64 // its next flush
+	down  bool  // stopped: neither flushes, receives nor gets checks
+	gone  bool  // declared dead by the membership: not a live member
+}
+
+type simMsg struct {
+	at   int64
+	to   int
+	data []byte
+}
+
+type simCluster struct {
+	clock      *testClock
+	nodes      []*simNode
+	intervalMS int64
+	delayMS    int64 // from a flush to the receivers' merge
+	version    byte  // of the sync messages
+	// Disorder, when rng is set: each message is lost with probability loss and
+	// delayed by up to jitterMS more; each flush comes up to tickJitterMS late.
+	rng                    *rand.Rand
+	loss                   float64
+	jitterMS, tickJitterMS int64
+	limit                  limiter.Limit
+	key                    string
+	queue                  []simMsg
+	// allowed[w][i] is what node i allowed in window w (index from the first run).
+	allowed map[int64][]int
+	refused map[int64][]int // by the share-mode bound: the rest of what was asked
+}
+
+// newSim returns n nodes at the start of a window, flushing at the given phases (ms
+// into the interval), with share mode as given.
+func newSim(n int, intervalMS int64, phases []int64, share bool, limit uint32) *simCluster {
+	c := &testClock{}
+	c.set(t0)
+	s := &simCluster{clock: c, intervalMS: intervalMS, delayMS: 1, version: version2,
+		limit: limiter.Limit{Count: limit, Window: time.Second}, key: "198.51.100.1",
+		allowed: map[int64][]int{}, refused: map[int64][]int{}}
+	for i := range n {
+		name := fmt.Sprintf("n%d", i+1)
+		lim := limiter.New(limiter.Options{Now: c.now, Replicated: true})
+		origin := fmt.Sprintf("%s#%016x", name, i+1)
+		ph := phases[i%len(phases)] % intervalMS
+		s.nodes = append(s.nodes, &simNode{name: name, lim: lim, rep: newReplicator(lim, origin, share), phase: ph, next: t0 + ph})
+	}
+	return s
+}
+
+func (s *simCluster) windowMS() int64 { return s.limit.Window.Milliseconds() }
+
+func (s *simCluster) env(now int64) shareEnv {
+	up := 0
+	live := map[string]bool{}
+	for _, n := range s.nodes {
+		if !n.gone {
+			up++
+			live[n.name] = true
+		}
+	}
+	return shareEnv{now: now, intervalMS: s.intervalMS, live: func(name string) bool { return live[name] }, members: up}
+}
+
+// run advances the clock by ms milliseconds; load(now, i) is the checks node i gets in
+// the millisecond at now.
+func (s *simCluster) run(ms int64, load func(now int64, i int) int) {
+	for range ms {
+		now := s.clock.ms.Load()
+		// Messages due.
+		keep := s.queue[:0]
+		var due []simMsg
+		for _, m := range s.queue {
+			if m.at <= now {
+				due = append(due, m)
+			} else {
+				keep = append(keep, m)
+			}
+		}
+		s.queue = keep
+		for _, m := range due {
+			if n := s.nodes[m.to]; !n.down {
+				msg, err := decode(m.data)
+				if err != nil {
+					panic(err)
+				}
+				n.rep.receive(msg, true, now)
+			}
+		}
+		// Flushes due.
+		for i, n := range s.nodes {
+			if n.down || now < n.next {
+				continue
+			}
+			n.next += s.intervalMS
+			if s.rng != nil && s.tickJitterMS > 0 {
+				// A late tick: the ticker's next one still falls on the phase.
+				n.next = now - (now-n.phase)%s.intervalMS + s.intervalMS + s.rng.Int64N(s.tickJitterMS+1)
+			}
+			res := n.rep.flush(s.env(now))
+			if len(res.values) == 0 {
+				continue
+			}
+			p := newPacker(now, n.rep.origin, maxPacket)
+			if s.version == version2 {
+				p = newPacker2(now, n.rep.origin, maxPacket)
+			}
+			for _, v := range res.values {
+				p.add(v)
+			}
+			for _, b := range p.messages() {
+				for j := range s.nodes {
+					if j == i {
+						continue
+					}
+					at := now + s.delayMS
+					if s.rng != nil {
+						if s.rng.Float64() < s.loss {
+							continue
+						}
+						at += s.rng.Int64N(s.jitterMS + 1)
+					}
+					s.queue = append(s.queue, simMsg{at: at, to: j, data: b})
+				}
+			}
+		}
+		// Checks.
+		w := now / s.windowMS()
+		if s.allowed[w] == nil {
+			s.allowed[w] = make([]int, len(s.nodes))
+			s.refused[w] = make([]int, len(s.nodes))
+		}
+		for i, n := range s.nodes {
+			if n.down {
+				continue
+			}
+			k := limiter.Key{Bucket: n.lim.Bucket("token_create"), ID: s.key}
+			for range load(now, i) {
+				if n.lim.Check(k, 1, s.limit).Allowed {
+					s.allowed[w][i]++
+				} else {
+					s.refused[w][i]++
+				}
+			}
+		}
+		s.clock.set(now + 1)
+	}
+}
+
+// windows returns the total allowed in each whole window run, in order, from the
+// window holding from (Unix ms) on.
+func (s *simCluster) windows(from int64) []int {
+	var out []int
+	for w := from / s.windowMS(); ; w++ {
+		a, ok := s.allowed[w]
+		if !ok || (w+1)*s.windowMS() > s.clock.ms.Load() {
+			return out
+		}
+		sum := 0
+		for _, x := range a {
+			sum += x
+		}
+		out = append(out, sum)
+	}
+}
+
+// mix spreads offered × limit checks per window over the nodes in proportion to
+// weights (node i gets weights[i]; nodes past the list none), each node's evenly.
+func mix(s *simCluster, offered float64, weights ...float64) func(now int64, i int) int {
+	total := 0.0
+	for _, w := range weights {
+		total += w
+	}
+	return func(now int64, i int) int {
+		if i >= len(weights) || weights[i] == 0 {
+			return 0
+		}
+		perMS := offered * float64(s.limit.Count) / float64(s.windowMS()) * weights[i] / total
+		// Each node's checks are shifted by its place, so that together they are even.
+		phase := float64(i) / float64(len(weights))
+		t := float64(now - t0)
+		return int(math.Floor((t+1)*perMS+phase) - math.Floor(t*perMS+phase))
+	}
+}
+
+// burst sends each of the given nodes its part of offered × limit in the first spanMS
+// milliseconds of every window.
+func burst(s *simCluster, offered float64, spanMS int64, nodes ...int) func(now int64, i int) int {
+	per := int64(offered * float64(s.limit.Count) / float64(len(nodes)))
+	return func(now int64, i int) int {
+		off := now % s.windowMS()
+		for _, n := range nodes {
+			if n == i && off < spanMS {
+				return int(per*(off+1)/spanMS - per*off/spanMS)
+			}
+		}
+		return 0
+	}
+}
+
+// switchAt runs load a until ms into the run, then load b.
+func switchAt(ms int64, a, b func(int64, int) int) func(int64, int) int {
+	return func(now int64, i int) int {
+		if now-t0 < ms {
+			return a(now, i)
+		}
+		return b(now, i)
+	}
+}
+
+func maxOf(xs []int) int {
+	m := math.MinInt
+	for _, x := range xs {
+		m = max(m, x)
+	}
+	return m
+}
+
+func minOf(xs []int) int {
+	m := math.MaxInt
+	for _, x := range xs {
+		m = min(m, x)
+	}
+	return m
+}
+
+func ratios(xs []int, limit uint32) string {
+	s := make([]string, len(xs))
+	for i, x := range xs {
+		s[i] = fmt.Sprintf("%.3f", float64(x)/float64(limit))
+	}
+	return strings.Join(s, " ")
+}
+
+// phaseSets are flush phases of three nodes, in hundredths of the interval: in step,
+// spread, bunched, and around the window's start. Under the race detector, which
+// makes the simulation some twenty times slower and has nothing to find in it (one
+// goroutine), only the first two and the last.
+func phaseSets() [][]int64 {
+	all := [][]int64{{0, 0, 0}, {0, 33, 67}, {7, 19, 83}, {50, 51, 99}, {99, 0, 1}}
+	if raceEnabled {
+		return [][]int64{all[0], all[1], all[4]}
+	}
+	return all
+}
+
+// simCase is a load on a simulated cluster, run at each of phaseSets.
+type simCase struct {
+	name       string
+	nodes      int
+	intervalMS int64
+	limit      uint32
+	windows    int
+	load       func(s *simCluster) func(int64, int) int
+	tweak      func(s *simCluster) // before the run
+	// From window from on, every window allows at most 1.05 × limit and at least
+	// least × limit.
+	from  int
+	least float64
+	// check, when set, checks more of a run.
+	check func(t *testing.T, s *simCluster, ws []int)
+}
+
+func (c simCase) run(t *testing.T, share bool) (worst, fewest int) {
+	t.Helper()
+	worst, fewest = math.MinInt, math.MaxInt
+	for _, ph := range phaseSets() {
+		phases := make([]int64, c.nodes)
+		for i := range phases {
+			phases[i] = ph[i%len(ph)]*c.intervalMS/100 + int64(i/len(ph))*7
+		}
+		s := newSim(c.nodes, c.intervalMS, phases, share, c.limit)
+		if c.tweak != nil {
+			c.tweak(s)
+		}
+		s.run(int64(c.windows)*s.windowMS(), c.load(s))
+		ws := s.windows(t0)
+		if len(ws) != c.windows {
+			t.Fatalf("%s: %d windows run, want %d", c.name, len(ws), c.windows)
+		}
+		worst, fewest = max(worst, maxOf(ws[c.from:])), min(fewest, minOf(ws[c.from:]))
+		if !share {
+			continue
+		}
+		if got := maxOf(ws[c.from:]); got > int(c.limit)*105/100 {
+			t.Errorf("%s, phases %v: allowed/L per window %s: over 1.05", c.name, ph, ratios(ws, c.limit))
+		}
+		if got := minOf(ws[c.from:]); float64(got) < c.least*float64(c.limit) {
+			t.Errorf("%s, phases %v: allowed/L per window %s: under %.2f", c.name, ph, ratios(ws, c.limit), c.least)
+		}
+		if c.check != nil {
+			c.check(t, s, ws)
+		}
+	}
+	return worst, fewest
+}
+
+// allowedBy is what node i allowed in window w of the run.
+func (s *simCluster) allowedBy(w, i int) int { return s.allowed[t0/s.windowMS()+int64(w)][i] }
+
+// TestSimShareHoldsAtEveryLoad: 3 nodes, 100 ms sync, one key offered 1.5× to 10× its
+// limit evenly, and in window-start bursts of 3× and 10× within 5 ms: with share mode,
+// no window but the key's first (no node knew of the others yet) allows more than 1.05
+// × L, nor less than 0.99 × L; without it, they overshoot.
+func TestSimShareHoldsAtEveryLoad(t *testing.T) {
+	var cases []simCase
+	for _, o := range []float64{1.5, 3, 8, 10} {
+		cases = append(cases, simCase{name: fmt.Sprintf("steady %g×", o), load: func(s *simCluster) func(int64, int) int { return mix(s, o, 1, 1, 1) }})
+	}
+	for _, o := range []float64{3, 10} {
+		cases = append(cases, simCase{name: fmt.Sprintf("burst %g× in 5 ms", o), load: func(s *simCluster) func(int64, int) int { return burst(s, o, 5, 0, 1, 2) }})
+	}
+	for _, c := range cases {
+		c.nodes, c.intervalMS, c.limit, c.windows, c.from, c.least = 3, 100, 300, 6, 1, 0.99
+		on, onLeast := c.run(t, true)
+		off, _ := c.run(t, false)
+		t.Logf("%-18s most allowed per window: share mode on %.3f (least %.3f), off %.3f", c.name, float64(on)/300, float64(onLeast)/300, float64(off)/300)
+		if off <= 300 {
+			t.Errorf("%s without share mode: most %d, want an overshoot", c.name, off)
+		}
+	}
+}
+
+// TestSimLoneNodeGetsItsWholeLimit: a node with all the traffic gets exactly L in every
+// window, the first too (it is never bound); beside a node that gets one check a
+// window, it gets all but what that node is projected to need (two checks, one used).
+func TestSimLoneNodeGetsItsWholeLimit(t *testing.T) {
+	exact := func(t *testing.T, s *simCluster, ws []int) {
+		for w, a := range ws {
+			if a != 300 || s.allowedBy(w, 0) != 300 {
+				t.Errorf("window %d: %d allowed, %d of them by the busy node", w, a, s.allowedBy(w, 0))
+			}
+		}
+	}
+	for _, o := range []float64{1.5, 3, 10} {
+		simCase{name: fmt.Sprintf("lone %g×", o), nodes: 3, intervalMS: 100, limit: 300, windows: 6, least: 1, check: exact,
+			load: func(s *simCluster) func(int64, int) int { return mix(s, o, 1) }}.run(t, true)
+	}
+	simCase{name: "lone beside a trickle", nodes: 3, intervalMS: 100, limit: 300, windows: 6, least: 0.99,
+		check: func(t *testing.T, s *simCluster, ws []int) {
+			for w := range ws {
+				if busy := s.allowedBy(w, 0); busy < 297 {
+					t.Errorf("window %d: the busy node allowed %d", w, busy)
+				}
+			}
+		},
+		load: func(s *simCluster) func(int64, int) int {
+			busy := mix(s, 3, 1)
+			return func(now int64, i int) int {
+				if i == 1 && now%1000 == 500 {
+					return 1
+				}
+				return busy(now, i)
+			}
+		}}.run(t, true)
+}
+
+// TestSimLowLoadIsNeverRefused: under the limit, every check is allowed.
+func TestSimLowLoadIsNeverRefused(t *testing.T) {
+	for _, o := range []float64{0.5, 0.9} {
+		simCase{name: fmt.Sprintf("even %g×", o), nodes: 3, intervalMS: 100, limit: 300, windows: 6, from: 1, least: o - 0.01,
+			load: func(s *simCluster) func(int64, int) int { return mix(s, o, 1, 1, 1) },
+			check: func(t *testing.T, s *simCluster, ws []int) {
+				for w, r := range s.refused {
+					if sum := r[0] + r[1] + r[2]; sum > 0 && w > t0/1000 {
+						t.Errorf("window %d: %d refused under the limit", w, sum)
+					}
+				}
+			}}.run(t, true)
+	}
+}
+
+// TestSimUnevenLoads: nodes with different parts of the traffic share the limit: the
+// windows hold it, and allow nearly all of it.
+func TestSimUnevenLoads(t *testing.T) {
+	for _, o := range []float64{1.5, 3} {
+		for _, w := range [][]float64{{9, 1}, {7, 2, 1}} {
+			simCase{name: fmt.Sprintf("%v at %g×", w, o), nodes: 3, intervalMS: 100, limit: 300, windows: 5, from: 1, least: 0.97,
+				load: func(s *simCluster) func(int64, int) int { return mix(s, o, w...) }}.run(t, true)
+		}
+	}
+}
+
+// TestSimDemandMoves: the traffic moves to other nodes, at a window's start or in its
+// middle; the windows hold the limit and allow nearly all of it.
+func TestSimDemandMoves(t *testing.T) {
+	for _, c := range []simCase{
+		{name: "lone A to lone B", load: func(s *simCluster) func(int64, int) int { return switchAt(3000, mix(s, 3, 1), mix(s, 3, 0, 1)) }},
+		{name: "A and B to B and C", load: func(s *simCluster) func(int64, int) int { return switchAt(3000, mix(s, 3, 1, 1), mix(s, 3, 0, 1, 1)) }},
+		{name: "A and B to B and C mid-window", load: func(s *simCluster) func(int64, int) int {
+			return switchAt(3500, mix(s, 1.5, 1, 1), mix(s, 1.5, 0, 1, 1))
+		}},
+	} {
+		c.nodes, c.intervalMS, c.limit, c.windows, c.from, c.least = 3, 100, 300, 6, 1, 0.97
+		c.run(t, true)
+	}
+}
+
+// TestSimNewcomer: a node that starts getting checks of a key the others are using gets
+// its part from the next window at the latest, and the windows hold the limit meanwhile.
+func TestSimNewcomer(t *testing.T) {
+	fair := func(from int, parts ...int) func(t *testing.T, s *simCluster, ws []int) {
+		return func(t *testing.T, s *simCluster, ws []int) {
+			for w := from; w < len(ws); w++ {
+				for i, p := range parts {
+					if got := s.allowedBy(w, i); got < p-1 || got > p+1 {
+						t.Errorf("window %d, node %d: %d allowed, want %d", w, i, got, p)
+					}
+				}
+			}
+		}
+	}
+	for _, c := range []simCase{
+		// C joins A and B, which use the whole limit: C gets its third from window 4.
+		{name: "C beside busy A and B", check: fair(4, 100, 100, 100),
+			load: func(s *simCluster) func(int64, int) int { return switchAt(3000, mix(s, 3, 1, 1), mix(s, 4.5, 1, 1, 1)) }},
+		// B joins A, alone until then, mid-window: B gets its half from window 4.
+		{name: "B beside lone A mid-window", check: fair(4, 150, 150),
+			load: func(s *simCluster) func(int64, int) int { return switchAt(3300, mix(s, 3, 1), mix(s, 6, 1, 1)) }},
+		// B gets a burst at the start of a window while A is alone: A keeps the limit.
+		{name: "burst on B beside lone A", check: fair(0, 300, 0),
+			load: func(s *simCluster) func(int64, int) int {
+				a := mix(s, 3, 1)
+				return func(now int64, i int) int {
+					if i == 1 && now-t0 >= 3000 && now-t0 < 3005 {
+						return 60
+					}
+					return a(now, i)
+				}
+			}},
+	} {
+		c.nodes, c.intervalMS, c.limit, c.windows, c.from, c.least = 3, 100, 300, 6, 1, 0.99
+		c.run(t, true)
+	}
+}
+
+// TestSimNodeStops: a node stops at 3 s and the membership declares it dead at 5 s. The
+// windows hold the limit; the window it stopped in loses its part (the others keep its
+// bound, which it might have used), and once it is gone the others share the limit.
+func TestSimNodeStops(t *testing.T) {
+	simCase{name: "node 3 stops", nodes: 3, intervalMS: 100, limit: 300, windows: 7, from: 1, least: 0.66,
+		load: func(s *simCluster) func(int64, int) int {
+			busy := mix(s, 3, 1, 1, 1)
+			return func(now int64, i int) int {
+				switch now - t0 {
+				case 3000:
+					s.nodes[2].down = true
+				case 5000:
+					s.nodes[2].gone = true
+				}
+				return busy(now, i)
+			}
+		},
+		check: func(t *testing.T, s *simCluster, ws []int) {
+			for w := 4; w < len(ws); w++ {
+				if ws[w] < 299 {
+					t.Errorf("window %d after the stop: %d allowed", w, ws[w])
+				}
+			}
+		}}.run(t, true)
+}
+
+// TestSimLossAndJitter: 5% of the messages lost, up to 10 ms more delay, flushes up to
+// 30 ms late: the windows hold the limit.
+func TestSimLossAndJitter(t *testing.T) {
+	for _, c := range []simCase{
+		{name: "steady 3× lossy", load: func(s *simCluster) func(int64, int) int { return mix(s, 3, 1, 1, 1) }},
+		{name: "steady 10× lossy", load: func(s *simCluster) func(int64, int) int { return mix(s, 10, 1, 1, 1) }},
+		{name: "burst 3× lossy", load: func(s *simCluster) func(int64, int) int { return burst(s, 3, 5, 0, 1, 2) }},
+	} {
+		c.nodes, c.intervalMS, c.limit, c.windows, c.from, c.least = 3, 100, 300, 8, 1, 0.98
+		c.tweak = func(s *simCluster) {
+			s.rng, s.loss, s.jitterMS, s.tickJitterMS = rand.New(rand.NewPCG(1, 2)), 0.05, 10, 30
+		}
+		c.run(t, true)
+	}
+}
+
+// TestSimOtherShapes: longer sync intervals, five nodes, small limits.
+func TestSimOtherShapes(t *testing.T) {
+	for _, c := range []simCase{
+		{name: "250 ms sync", nodes: 3, intervalMS: 250, limit: 300, from: 1, least: 0.99,
+			load: func(s *simCluster) func(int64, int) int { return mix(s, 3, 1, 1, 1) }},
+		{name: "500 ms sync", nodes: 3, intervalMS: 500, limit: 300, from: 1, least: 0.99,
+			load: func(s *simCluster) func(int64, int) int { return mix(s, 3, 1, 1, 1) }},
+		{name: "5 nodes", nodes: 5, intervalMS: 100, limit: 300, from: 1, least: 0.99,
+			load: func(s *simCluster) func(int64, int) int { return mix(s, 3, 1, 1, 1, 1, 1) }},
+		{name: "limit 10", nodes: 3, intervalMS: 100, limit: 10, from: 1, least: 1,
+			load: func(s *simCluster) func(int64, int) int { return mix(s, 3, 1, 1, 1) }},
+		{name: "limit 5, bursts", nodes: 3, intervalMS: 100, limit: 5, from: 1, least: 1,
+			load: func(s *simCluster) func(int64, int) int { return burst(s, 3, 5, 0, 1, 2) }},
+	} {
+		c.windows = 6
+		c.run(t, true)
+	}
+}
