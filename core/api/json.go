@@ -45,6 +45,11 @@ type tenantActivityJSON struct {
 	InsertedAt     string          `json:"inserted_at"`
 }
 
+// tenantActivityData is the answer of one activity: {"data": …}.
+type tenantActivityData struct {
+	Data tenantActivityJSON `json:"data"`
+}
+
 func tenantActivity(a activity.Activity) tenantActivityJSON {
 	return tenantActivityJSON{
 		ID: a.ID, Type: a.Type, Sender: a.Sender, Text: a.Text,
