@@ -79,11 +79,14 @@ func TestReportText(t *testing.T) {
 		phase(1, ScenarioHot, TargetBaseline, 2000, 8*time.Millisecond, 0),
 	}
 	r.Phases[2].FirstErr = "status 500"
+	r.Phases[0].CoreCPU, r.Phases[0].GenCPU, r.Phases[0].PGCPU, r.Phases[0].RestCPU = 100*time.Microsecond, 50*time.Microsecond, 150*time.Microsecond, time.Millisecond
+	r.Phases[1].GenCPU, r.Phases[1].PGCPU = 80*time.Microsecond, 120*time.Microsecond
 	r.summarize()
 	md := r.Markdown()
 	for _, want := range []string{
 		"**Result: FAIL** (over many conversations the core reaches 0.400 of the baseline's throughput, aim ≥ 0.50; 3 failed requests)",
-		"| many conversations | 0.400 | 0.400 | 2.00 | ≥ 0.50 | FAIL |",
+		"| many conversations | core | 2000 | 2000 | 5.00ms | 10.0ms | 0 | 100µs | 50µs | 150µs | 300µs | 1000µs |",
+		"| many conversations | 0.400 | 0.400 | 2.00 | 1.50 | ≥ 0.50 | FAIL |",
 		"| one hot conversation | 0.500 |",
 		"First error of round 1, hot, core: `status 500`",
 		"./bin/bench core -rounds 1 -out 'my report.md'",
@@ -111,16 +114,19 @@ func TestPicker(t *testing.T) {
 }
 
 func TestCPUSplit(t *testing.T) {
-	before := cpuSample{target: time.Second, self: time.Second, machine: 10 * time.Second, ok: true}
-	after := cpuSample{target: 3 * time.Second, self: 2 * time.Second, machine: 16 * time.Second, ok: true}
-	tg, gen, rest := after.perRequest(before, 1000)
-	if tg != 2*time.Millisecond || gen != time.Millisecond || rest != 3*time.Millisecond {
-		t.Fatalf("split %v %v %v", tg, gen, rest)
+	before := cpuSample{target: time.Second, self: time.Second, pg: 4 * time.Second, machine: 10 * time.Second, ok: true}
+	after := cpuSample{target: 3 * time.Second, self: 2 * time.Second, pg: 6 * time.Second, machine: 18 * time.Second, ok: true}
+	tg, gen, pg, rest := after.perRequest(before, 1000)
+	if tg != 2*time.Millisecond || gen != time.Millisecond || pg != 2*time.Millisecond || rest != 3*time.Millisecond {
+		t.Fatalf("split %v %v %v %v", tg, gen, pg, rest)
 	}
-	if tg, _, _ := after.perRequest(cpuSample{}, 1000); tg != 0 {
+	if (PhaseResult{CoreCPU: tg, GenCPU: gen, PGCPU: pg, RestCPU: rest}).StackCPU() != 5*time.Millisecond {
+		t.Fatal("the stack is the core, the generator and PostgreSQL")
+	}
+	if tg, _, _, _ := after.perRequest(cpuSample{}, 1000); tg != 0 {
 		t.Fatal("an unknown sample must give zero")
 	}
-	if tg, _, _ := after.perRequest(before, 0); tg != 0 {
+	if tg, _, _, _ := after.perRequest(before, 0); tg != 0 {
 		t.Fatal("no requests must give zero")
 	}
 }

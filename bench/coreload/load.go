@@ -135,9 +135,15 @@ type PhaseResult struct {
 	Errors           int
 	FirstErr         string
 	// CPU per successful request: of the core process (0 for the baseline), of the load
-	// generator, and of the rest of the machine (mostly PostgreSQL). Zero when unknown.
-	CoreCPU, GenCPU, RestCPU time.Duration
+	// generator, of PostgreSQL (the postmaster and its backends) and of the rest of the
+	// machine (other processes: on a shared machine, other people's work). Zero when
+	// unknown.
+	CoreCPU, GenCPU, PGCPU, RestCPU time.Duration
 }
+
+// StackCPU is the CPU per request of what serves the target: the core (for the core),
+// the generator (the baseline's pgx calls, the core's HTTP client) and PostgreSQL.
+func (p PhaseResult) StackCPU() time.Duration { return p.CoreCPU + p.GenCPU + p.PGCPU }
 
 type worker struct {
 	lat      []time.Duration
@@ -145,10 +151,10 @@ type worker struct {
 	firstErr error
 }
 
-// runPhase drives t for d with concurrency closed loops over p's conversations.
-// Unmeasured phases (warm-up) keep no latencies.
-func runPhase(ctx context.Context, t target, p *picker, concurrency int, d time.Duration, measured bool) PhaseResult {
-	cpu0 := readCPU(t.pid())
+// runPhase drives t for d with concurrency closed loops over p's conversations;
+// pgPid is PostgreSQL's postmaster. Unmeasured phases (warm-up) keep no latencies.
+func runPhase(ctx context.Context, t target, p *picker, concurrency int, d time.Duration, measured bool, pgPid int) PhaseResult {
+	cpu0 := readCPU(t.pid(), pgPid)
 	workers := make([]worker, concurrency)
 	start := time.Now()
 	deadline := start.Add(d)
@@ -179,7 +185,7 @@ func runPhase(ctx context.Context, t target, p *picker, concurrency int, d time.
 	}
 	wg.Wait()
 	elapsed := time.Since(start)
-	cpu1 := readCPU(t.pid())
+	cpu1 := readCPU(t.pid(), pgPid)
 	res := PhaseResult{Target: t.name(), Elapsed: elapsed}
 	var all []time.Duration
 	for _, w := range workers {
@@ -196,22 +202,27 @@ func runPhase(ctx context.Context, t target, p *picker, concurrency int, d time.
 	if len(all) > 0 {
 		res.Max = all[len(all)-1]
 	}
-	res.CoreCPU, res.GenCPU, res.RestCPU = cpu1.perRequest(cpu0, res.Requests)
+	res.CoreCPU, res.GenCPU, res.PGCPU, res.RestCPU = cpu1.perRequest(cpu0, res.Requests)
 	return res
 }
 
-// cpuSample is the CPU time used so far by the target's process, this process and the
-// machine.
+// cpuSample is the CPU time used so far by the target's process, this process,
+// PostgreSQL and the machine.
 type cpuSample struct {
-	target, self, machine time.Duration
-	ok                    bool
+	target, self, pg, machine time.Duration
+	ok                        bool
 }
 
-func readCPU(pid int) cpuSample {
+func readCPU(pid, pgPid int) cpuSample {
 	s := cpuSample{ok: true}
 	var err error
 	if pid > 0 {
 		if s.target, err = cputime.Process(pid); err != nil {
+			s.ok = false
+		}
+	}
+	if pgPid > 0 {
+		if s.pg, err = cputime.Tree(pgPid); err != nil {
 			s.ok = false
 		}
 	}
@@ -225,12 +236,13 @@ func readCPU(pid int) cpuSample {
 }
 
 // perRequest splits the CPU used between two samples over n requests: the target's,
-// the generator's and the rest of the machine's.
-func (s cpuSample) perRequest(before cpuSample, n int) (target, gen, rest time.Duration) {
+// the generator's, PostgreSQL's and the rest of the machine's.
+func (s cpuSample) perRequest(before cpuSample, n int) (target, gen, pg, rest time.Duration) {
 	if !s.ok || !before.ok || n == 0 {
-		return 0, 0, 0
+		return 0, 0, 0, 0
 	}
-	target, gen = s.target-before.target, s.self-before.self
-	rest = max(s.machine-before.machine-target-gen, 0)
-	return target / time.Duration(n), gen / time.Duration(n), rest / time.Duration(n)
+	target, gen, pg = s.target-before.target, s.self-before.self, s.pg-before.pg
+	rest = max(s.machine-before.machine-target-gen-pg, 0)
+	per := time.Duration(n)
+	return target / per, gen / per, pg / per, rest / per
 }
