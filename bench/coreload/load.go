@@ -1,11 +1,10 @@
 package coreload
 
 import (
-	"bytes"
 	"context"
 	"fmt"
-	"io"
 	"net/http"
+	"net/url"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -16,6 +15,7 @@ import (
 
 	"github.com/converger/edge/bench/closedloop"
 	"github.com/converger/edge/bench/cputime"
+	"github.com/converger/edge/bench/rawhttp"
 )
 
 // Target names.
@@ -39,48 +39,54 @@ type target interface {
 	pid() int
 }
 
-// coreTarget posts activities to the core's tenant API.
+// coreTarget posts activities to the core's tenant API: pre-built requests (one per
+// conversation) over keep-alive connections that read only the answer's status, so that
+// the generator's own cost per request stays small beside the core's (net/http's client
+// costs about as much CPU as the baseline's pgx calls).
 type coreTarget struct {
-	base, apiKey string
-	body         []byte
-	client       *http.Client
-	proc         int
+	reqs  map[string][]byte // by conversation id
+	conns chan *rawhttp.Conn
+	proc  int
 }
 
-func newCoreTarget(base, apiKey string, body []byte, concurrency, pid int) *coreTarget {
-	tr := &http.Transport{
-		MaxIdleConns:        concurrency,
-		MaxIdleConnsPerHost: concurrency,
-		MaxConnsPerHost:     concurrency,
-		IdleConnTimeout:     time.Minute,
-		DisableCompression:  true,
+func newCoreTarget(base, apiKey string, body []byte, conversations []string, concurrency, pid int) *coreTarget {
+	u, _ := url.Parse(base)
+	t := &coreTarget{reqs: make(map[string][]byte, len(conversations)), conns: make(chan *rawhttp.Conn, concurrency), proc: pid}
+	header := map[string]string{"Content-Type": "application/json", "X-Api-Key": apiKey}
+	for _, conv := range conversations {
+		t.reqs[conv] = rawhttp.RequestWithBody(http.MethodPost, "/api/v1/conversations/"+conv+"/activities", u.Host, header, body)
 	}
-	return &coreTarget{base: base, apiKey: apiKey, body: body, client: &http.Client{Transport: tr, Timeout: 30 * time.Second}, proc: pid}
+	for range concurrency {
+		t.conns <- &rawhttp.Conn{Addr: u.Host}
+	}
+	return t
 }
 
 func (t *coreTarget) name() string { return TargetCore }
 func (t *coreTarget) pid() int     { return t.proc }
 
 func (t *coreTarget) create(ctx context.Context, conv string) error {
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, t.base+"/api/v1/conversations/"+conv+"/activities", bytes.NewReader(t.body))
+	req, ok := t.reqs[conv]
+	if !ok {
+		return fmt.Errorf("no request built for conversation %s", conv)
+	}
+	c := <-t.conns
+	defer func() { t.conns <- c }()
+	status, err := c.Do(ctx, req)
 	if err != nil {
 		return err
 	}
-	req.Header.Set("content-type", "application/json")
-	req.Header.Set("x-api-key", t.apiKey)
-	resp, err := t.client.Do(req)
-	if err != nil {
-		return err
-	}
-	b, _ := io.ReadAll(resp.Body)
-	resp.Body.Close()
-	if resp.StatusCode != http.StatusCreated {
-		return fmt.Errorf("status %d: %.200s", resp.StatusCode, b)
+	if status != http.StatusCreated {
+		return fmt.Errorf("status %d", status)
 	}
 	return nil
 }
 
-func (t *coreTarget) close() { t.client.CloseIdleConnections() }
+func (t *coreTarget) close() {
+	for range cap(t.conns) {
+		(<-t.conns).Close()
+	}
+}
 
 // baselineTarget inserts the same row itself: the seq update and the insert in one
 // transaction, through pgx.

@@ -268,7 +268,8 @@ func (r *Report) Markdown() string {
   with its default pool of %d PostgreSQL connections (pgxpool: max(4, CPUs); `+"`pool_max_conns`"+` cannot go in
   DATABASE_URL because `+"`core serve`"+` migrates through the same URL and PostgreSQL refuses the parameter). The generator POSTs `+"`/api/v1/conversations/:id/activities`"+`
   with the tenant's `+"`x-api-key`"+` and `+"`{\"type\":\"message\",\"text\":\"<%d bytes>\"}`"+` over keep-alive
-  HTTP/1.1 connections (Go's net/http, one per worker) and counts a request when it answers 201.
+  HTTP/1.1 connections (one per worker; pre-built requests, only the answer's status read: bench/rawhttp,
+  so that the client costs little beside the core) and counts a request when it answers 201.
 - **baseline**: the generator itself, through a pgx pool of as many connections (%d), runs in one transaction
   `+"`UPDATE conversations SET last_seq = last_seq + 1, updated_at = now() WHERE id = $1 AND tenant_id = $2 AND status = 'active' RETURNING last_seq`"+`
   and `+"`INSERT INTO activities (...) VALUES (...) RETURNING id`"+` with the same row (type, sender, text,

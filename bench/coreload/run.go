@@ -57,7 +57,7 @@ func Run(ctx context.Context, cfg Config, stdout, stderr io.Writer) (rep *Report
 
 	text := strings.Repeat("x", cfg.TextBytes)
 	body := []byte(`{"type":"message","text":"` + text + `"}`)
-	coreT := newCoreTarget(base, seed.APIKey, body, cfg.Concurrency, core.Pid())
+	coreT := newCoreTarget(base, seed.APIKey, body, append([]string{seed.Hot}, seed.Many...), cfg.Concurrency, core.Pid())
 	defer coreT.close()
 	baseT := &baselineTarget{pool: pool, tenantID: seed.TenantID, text: text}
 	scenarios := []struct {
