@@ -185,3 +185,24 @@ func TestOpenLoop(t *testing.T) {
 		t.Fatalf("failing target: %+v", failing)
 	}
 }
+
+// The overload report gives the capacities over many conversations and on one, each
+// beside the baseline's.
+func TestOverloadMarkdown(t *testing.T) {
+	cfg := DefaultOverloadConfig()
+	r := &OverloadReport{Config: cfg, CoreCap: 1600, BaselineCap: 2000, HotCoreCap: 900, HotBaselineCap: 1000,
+		HotCore: []step{{Rate: 900, Achieved: 899, P50: time.Millisecond, P99: 40 * time.Millisecond, Within: true}}, Recovered: -1}
+	md := r.Markdown()
+	for _, want := range []string{
+		"| core capacity on 1000 conversations (highest rate with p99 ≤ 100ms) | 1600 req/s |",
+		"| capacity core/baseline on 1000 conversations | 0.80 |",
+		"| core capacity on one conversation (highest rate with p99 ≤ 100ms) | 900 req/s |",
+		"| capacity core/baseline on one conversation | 0.90 |",
+		"## Capacity search: core, one conversation",
+		"| 900 | 899 | 1.00ms | 40.0ms | 0 | true |",
+	} {
+		if !strings.Contains(md, want) {
+			t.Errorf("report lacks %q:\n%s", want, md)
+		}
+	}
+}
