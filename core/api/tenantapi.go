@@ -292,7 +292,14 @@ func (s *server) tenantCreateActivity(c *fiber.Ctx) error {
 	if created {
 		s.echo(c, a)
 	}
-	return c.Status(fiber.StatusCreated).JSON(tenantActivityData{Data: tenantActivity(a)})
+	c.Status(fiber.StatusCreated)
+	answer := tenantActivityData{Data: tenantActivity(a)}
+	if body, ok := answer.appendJSON(make([]byte, 0, 384+len(a.Text)+len(a.Attachments)+len(a.Metadata))); ok {
+		c.Response().SetBodyRaw(body)
+		c.Response().Header.SetContentType(fiber.MIMEApplicationJSON)
+		return nil
+	}
+	return c.JSON(answer)
 }
 
 // GET /conversations/:id/activities?watermark=&limit=: the activities after the
