@@ -208,11 +208,17 @@ func RunOverload(ctx context.Context, cfg OverloadConfig, stdout, stderr io.Writ
 			if err := phaseErr(ctx, core); err != nil {
 				return nil, err
 			}
-			s := openLoop(ctx, rate, cfg.Step, cfg.P99, t.send)
-			*t.steps = append(*t.steps, s)
-			logf("%-14s %7.0f req/s offered: %7.0f achieved, p50 %s, p99 %s, %d failed, %d skipped", t.name, s.Rate, s.Achieved,
-				runinfo.Latency(s.P50), runinfo.Latency(s.P99), s.Failed, s.Skipped)
-			if !s.Within {
+			// A step out of the bound is run once more before the search ends: on a shared
+			// machine one stall of the whole machine can push a step's p99 over it.
+			within := false
+			for try := 0; try < 2 && !within; try++ {
+				s := openLoop(ctx, rate, cfg.Step, cfg.P99, t.send)
+				*t.steps = append(*t.steps, s)
+				logf("%-14s %7.0f req/s offered: %7.0f achieved, p50 %s, p99 %s, %d failed, %d skipped", t.name, s.Rate, s.Achieved,
+					runinfo.Latency(s.P50), runinfo.Latency(s.P99), s.Failed, s.Skipped)
+				within = s.Within
+			}
+			if !within {
 				break
 			}
 			*t.cap = rate
@@ -433,7 +439,8 @@ func (r *OverloadReport) Markdown() string {
   round robin over the conversations, then all to one more conversation (where every writer queues on
   its row lock); the overload goes over the many conversations.
 - Capacity: open loop (requests sent at a fixed rate, whatever the answers) in steps of growing rate;
-  a step is within the bound when its p99 is, under 1% failed and 90% of the rate was achieved. The
+  a step is within the bound when its p99 is, under 1% failed and 90% of the rate was achieved; a step
+  out of the bound is run once more, and the search ends when that one is out too. The
   baseline (the generator inserting the same rows through pgx with the same pool size) is searched the
   same way in the same run, so the ratio holds on a shared machine.
 - Overload: open loop at the factor times the core's capacity, each request with an idempotency key
