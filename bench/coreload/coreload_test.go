@@ -15,31 +15,31 @@ func TestSummarize(t *testing.T) {
 	r := &Report{Config: DefaultConfig()}
 	r.Config.Rounds = 3
 	r.Phases = []PhaseResult{
-		phase(1, ScenarioMany, TargetCore, 3000, 10*time.Millisecond, 0),
+		phase(1, ScenarioMany, TargetCore, 5400, 10*time.Millisecond, 0),
 		phase(1, ScenarioMany, TargetBaseline, 6000, 5*time.Millisecond, 0),
 		phase(1, ScenarioHot, TargetCore, 1000, 20*time.Millisecond, 0),
 		phase(1, ScenarioHot, TargetBaseline, 4000, 8*time.Millisecond, 0),
 		phase(2, ScenarioMany, TargetBaseline, 5000, 6*time.Millisecond, 0),
-		phase(2, ScenarioMany, TargetCore, 3500, 12*time.Millisecond, 0),
+		phase(2, ScenarioMany, TargetCore, 6300, 12*time.Millisecond, 0),
 		phase(2, ScenarioHot, TargetBaseline, 4000, 8*time.Millisecond, 0),
 		phase(2, ScenarioHot, TargetCore, 2000, 20*time.Millisecond, 0),
-		phase(3, ScenarioMany, TargetCore, 2000, 11*time.Millisecond, 0),
+		phase(3, ScenarioMany, TargetCore, 3600, 11*time.Millisecond, 0),
 		phase(3, ScenarioMany, TargetBaseline, 8000, 4*time.Millisecond, 0),
 		phase(3, ScenarioHot, TargetCore, 1500, 20*time.Millisecond, 0),
 		phase(3, ScenarioHot, TargetBaseline, 3000, 8*time.Millisecond, 0),
 	}
 	r.summarize()
 	c, b := r.summary(ScenarioMany, TargetCore), r.summary(ScenarioMany, TargetBaseline)
-	if c.RPS != 3000 || b.RPS != 6000 || c.P99 != 11*time.Millisecond || b.P99 != 5*time.Millisecond || c.Requests != 8500 {
+	if c.RPS != 5400 || b.RPS != 6000 || c.P99 != 11*time.Millisecond || b.P99 != 5*time.Millisecond || c.Requests != 15300 {
 		t.Fatalf("many: core %+v, baseline %+v", c, b)
 	}
 	many, hot := r.ratio(ScenarioMany), r.ratio(ScenarioHot)
-	if many.Throughput != 0.5 || many.P99 != 2.2 {
+	if many.Throughput != 0.9 || many.P99 != 2.2 {
 		t.Fatalf("many ratios %+v", many)
 	}
-	// Per-round ratios: 0.5, 0.7, 0.25 → median 0.5.
-	if many.PairedThr != 0.5 {
-		t.Fatalf("paired %v, want 0.5", many.PairedThr)
+	// Per-round ratios: 0.9, 1.26, 0.45 → median 0.9.
+	if many.PairedThr != 0.9 {
+		t.Fatalf("paired %v, want 0.9", many.PairedThr)
 	}
 	if hot.Throughput != 1500.0/4000 {
 		t.Fatalf("hot ratio %v", hot.Throughput)
@@ -79,11 +79,14 @@ func TestReportText(t *testing.T) {
 		phase(1, ScenarioHot, TargetBaseline, 2000, 8*time.Millisecond, 0),
 	}
 	r.Phases[2].FirstErr = "status 500"
+	r.Phases[0].CoreCPU, r.Phases[0].GenCPU, r.Phases[0].PGCPU, r.Phases[0].RestCPU = 100*time.Microsecond, 50*time.Microsecond, 150*time.Microsecond, time.Millisecond
+	r.Phases[1].GenCPU, r.Phases[1].PGCPU = 80*time.Microsecond, 120*time.Microsecond
 	r.summarize()
 	md := r.Markdown()
 	for _, want := range []string{
-		"**Result: FAIL** (over many conversations the core reaches 0.400 of the baseline's throughput, aim ≥ 0.50; 3 failed requests)",
-		"| many conversations | 0.400 | 0.400 | 2.00 | ≥ 0.50 | FAIL |",
+		"**Result: FAIL** (over many conversations the core reaches 0.400 of the baseline's throughput, aim ≥ 0.90; 3 failed requests)",
+		"| many conversations | core | 2000 | 2000 | 5.00ms | 10.0ms | 0 | 100µs | 50µs | 150µs | 300µs | 1000µs |",
+		"| many conversations | 0.400 | 0.400 | 2.00 | 1.50 | ≥ 0.90 | FAIL |",
 		"| one hot conversation | 0.500 |",
 		"First error of round 1, hot, core: `status 500`",
 		"./bin/bench core -rounds 1 -out 'my report.md'",
@@ -94,7 +97,7 @@ func TestReportText(t *testing.T) {
 	}
 	var b strings.Builder
 	r.WriteText(&b)
-	if !strings.Contains(b.String(), "throughput core/baseline 0.400 (aim ≥ 0.50)  FAIL") || !strings.Contains(b.String(), "result: FAIL") {
+	if !strings.Contains(b.String(), "throughput core/baseline 0.400 (aim ≥ 0.90)  FAIL") || !strings.Contains(b.String(), "result: FAIL") {
 		t.Errorf("text:\n%s", b.String())
 	}
 }
@@ -111,16 +114,19 @@ func TestPicker(t *testing.T) {
 }
 
 func TestCPUSplit(t *testing.T) {
-	before := cpuSample{target: time.Second, self: time.Second, machine: 10 * time.Second, ok: true}
-	after := cpuSample{target: 3 * time.Second, self: 2 * time.Second, machine: 16 * time.Second, ok: true}
-	tg, gen, rest := after.perRequest(before, 1000)
-	if tg != 2*time.Millisecond || gen != time.Millisecond || rest != 3*time.Millisecond {
-		t.Fatalf("split %v %v %v", tg, gen, rest)
+	before := cpuSample{target: time.Second, self: time.Second, pg: 4 * time.Second, machine: 10 * time.Second, ok: true}
+	after := cpuSample{target: 3 * time.Second, self: 2 * time.Second, pg: 6 * time.Second, machine: 18 * time.Second, ok: true}
+	tg, gen, pg, rest := after.perRequest(before, 1000)
+	if tg != 2*time.Millisecond || gen != time.Millisecond || pg != 2*time.Millisecond || rest != 3*time.Millisecond {
+		t.Fatalf("split %v %v %v %v", tg, gen, pg, rest)
 	}
-	if tg, _, _ := after.perRequest(cpuSample{}, 1000); tg != 0 {
+	if (PhaseResult{CoreCPU: tg, GenCPU: gen, PGCPU: pg, RestCPU: rest}).StackCPU() != 5*time.Millisecond {
+		t.Fatal("the stack is the core, the generator and PostgreSQL")
+	}
+	if tg, _, _, _ := after.perRequest(cpuSample{}, 1000); tg != 0 {
 		t.Fatal("an unknown sample must give zero")
 	}
-	if tg, _, _ := after.perRequest(before, 0); tg != 0 {
+	if tg, _, _, _ := after.perRequest(before, 0); tg != 0 {
 		t.Fatal("no requests must give zero")
 	}
 }
@@ -177,5 +183,26 @@ func TestOpenLoop(t *testing.T) {
 	failing := openLoop(ctx, 200, 500*time.Millisecond, 50*time.Millisecond, func(context.Context) bool { return false })
 	if failing.Within || failing.Failed != failing.Sent {
 		t.Fatalf("failing target: %+v", failing)
+	}
+}
+
+// The overload report gives the capacities over many conversations and on one, each
+// beside the baseline's.
+func TestOverloadMarkdown(t *testing.T) {
+	cfg := DefaultOverloadConfig()
+	r := &OverloadReport{Config: cfg, CoreCap: 1600, BaselineCap: 2000, HotCoreCap: 900, HotBaselineCap: 1000,
+		HotCore: []step{{Rate: 900, Achieved: 899, P50: time.Millisecond, P99: 40 * time.Millisecond, Within: true}}, Recovered: -1}
+	md := r.Markdown()
+	for _, want := range []string{
+		"| core capacity on 1000 conversations (highest rate with p99 ≤ 100ms) | 1600 req/s |",
+		"| capacity core/baseline on 1000 conversations | 0.80 |",
+		"| core capacity on one conversation (highest rate with p99 ≤ 100ms) | 900 req/s |",
+		"| capacity core/baseline on one conversation | 0.90 |",
+		"## Capacity search: core, one conversation",
+		"| 900 | 899 | 1.00ms | 40.0ms | 0 | true |",
+	} {
+		if !strings.Contains(md, want) {
+			t.Errorf("report lacks %q:\n%s", want, md)
+		}
 	}
 }

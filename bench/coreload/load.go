@@ -1,11 +1,10 @@
 package coreload
 
 import (
-	"bytes"
 	"context"
 	"fmt"
-	"io"
 	"net/http"
+	"net/url"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -16,6 +15,7 @@ import (
 
 	"github.com/converger/edge/bench/closedloop"
 	"github.com/converger/edge/bench/cputime"
+	"github.com/converger/edge/bench/rawhttp"
 )
 
 // Target names.
@@ -39,48 +39,54 @@ type target interface {
 	pid() int
 }
 
-// coreTarget posts activities to the core's tenant API.
+// coreTarget posts activities to the core's tenant API: pre-built requests (one per
+// conversation) over keep-alive connections that read only the answer's status, so that
+// the generator's own cost per request stays small beside the core's (net/http's client
+// costs about as much CPU as the baseline's pgx calls).
 type coreTarget struct {
-	base, apiKey string
-	body         []byte
-	client       *http.Client
-	proc         int
+	reqs  map[string][]byte // by conversation id
+	conns chan *rawhttp.Conn
+	proc  int
 }
 
-func newCoreTarget(base, apiKey string, body []byte, concurrency, pid int) *coreTarget {
-	tr := &http.Transport{
-		MaxIdleConns:        concurrency,
-		MaxIdleConnsPerHost: concurrency,
-		MaxConnsPerHost:     concurrency,
-		IdleConnTimeout:     time.Minute,
-		DisableCompression:  true,
+func newCoreTarget(base, apiKey string, body []byte, conversations []string, concurrency, pid int) *coreTarget {
+	u, _ := url.Parse(base)
+	t := &coreTarget{reqs: make(map[string][]byte, len(conversations)), conns: make(chan *rawhttp.Conn, concurrency), proc: pid}
+	header := map[string]string{"Content-Type": "application/json", "X-Api-Key": apiKey}
+	for _, conv := range conversations {
+		t.reqs[conv] = rawhttp.RequestWithBody(http.MethodPost, "/api/v1/conversations/"+conv+"/activities", u.Host, header, body)
 	}
-	return &coreTarget{base: base, apiKey: apiKey, body: body, client: &http.Client{Transport: tr, Timeout: 30 * time.Second}, proc: pid}
+	for range concurrency {
+		t.conns <- &rawhttp.Conn{Addr: u.Host}
+	}
+	return t
 }
 
 func (t *coreTarget) name() string { return TargetCore }
 func (t *coreTarget) pid() int     { return t.proc }
 
 func (t *coreTarget) create(ctx context.Context, conv string) error {
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, t.base+"/api/v1/conversations/"+conv+"/activities", bytes.NewReader(t.body))
+	req, ok := t.reqs[conv]
+	if !ok {
+		return fmt.Errorf("no request built for conversation %s", conv)
+	}
+	c := <-t.conns
+	defer func() { t.conns <- c }()
+	status, err := c.Do(ctx, req)
 	if err != nil {
 		return err
 	}
-	req.Header.Set("content-type", "application/json")
-	req.Header.Set("x-api-key", t.apiKey)
-	resp, err := t.client.Do(req)
-	if err != nil {
-		return err
-	}
-	b, _ := io.ReadAll(resp.Body)
-	resp.Body.Close()
-	if resp.StatusCode != http.StatusCreated {
-		return fmt.Errorf("status %d: %.200s", resp.StatusCode, b)
+	if status != http.StatusCreated {
+		return fmt.Errorf("status %d", status)
 	}
 	return nil
 }
 
-func (t *coreTarget) close() { t.client.CloseIdleConnections() }
+func (t *coreTarget) close() {
+	for range cap(t.conns) {
+		(<-t.conns).Close()
+	}
+}
 
 // baselineTarget inserts the same row itself: the seq update and the insert in one
 // transaction, through pgx.
@@ -135,9 +141,15 @@ type PhaseResult struct {
 	Errors           int
 	FirstErr         string
 	// CPU per successful request: of the core process (0 for the baseline), of the load
-	// generator, and of the rest of the machine (mostly PostgreSQL). Zero when unknown.
-	CoreCPU, GenCPU, RestCPU time.Duration
+	// generator, of PostgreSQL (the postmaster and its backends) and of the rest of the
+	// machine (other processes: on a shared machine, other people's work). Zero when
+	// unknown.
+	CoreCPU, GenCPU, PGCPU, RestCPU time.Duration
 }
+
+// StackCPU is the CPU per request of what serves the target: the core (for the core),
+// the generator (the baseline's pgx calls, the core's HTTP client) and PostgreSQL.
+func (p PhaseResult) StackCPU() time.Duration { return p.CoreCPU + p.GenCPU + p.PGCPU }
 
 type worker struct {
 	lat      []time.Duration
@@ -145,10 +157,10 @@ type worker struct {
 	firstErr error
 }
 
-// runPhase drives t for d with concurrency closed loops over p's conversations.
-// Unmeasured phases (warm-up) keep no latencies.
-func runPhase(ctx context.Context, t target, p *picker, concurrency int, d time.Duration, measured bool) PhaseResult {
-	cpu0 := readCPU(t.pid())
+// runPhase drives t for d with concurrency closed loops over p's conversations;
+// pgPid is PostgreSQL's postmaster. Unmeasured phases (warm-up) keep no latencies.
+func runPhase(ctx context.Context, t target, p *picker, concurrency int, d time.Duration, measured bool, pgPid int) PhaseResult {
+	cpu0 := readCPU(t.pid(), pgPid)
 	workers := make([]worker, concurrency)
 	start := time.Now()
 	deadline := start.Add(d)
@@ -179,7 +191,7 @@ func runPhase(ctx context.Context, t target, p *picker, concurrency int, d time.
 	}
 	wg.Wait()
 	elapsed := time.Since(start)
-	cpu1 := readCPU(t.pid())
+	cpu1 := readCPU(t.pid(), pgPid)
 	res := PhaseResult{Target: t.name(), Elapsed: elapsed}
 	var all []time.Duration
 	for _, w := range workers {
@@ -196,22 +208,27 @@ func runPhase(ctx context.Context, t target, p *picker, concurrency int, d time.
 	if len(all) > 0 {
 		res.Max = all[len(all)-1]
 	}
-	res.CoreCPU, res.GenCPU, res.RestCPU = cpu1.perRequest(cpu0, res.Requests)
+	res.CoreCPU, res.GenCPU, res.PGCPU, res.RestCPU = cpu1.perRequest(cpu0, res.Requests)
 	return res
 }
 
-// cpuSample is the CPU time used so far by the target's process, this process and the
-// machine.
+// cpuSample is the CPU time used so far by the target's process, this process,
+// PostgreSQL and the machine.
 type cpuSample struct {
-	target, self, machine time.Duration
-	ok                    bool
+	target, self, pg, machine time.Duration
+	ok                        bool
 }
 
-func readCPU(pid int) cpuSample {
+func readCPU(pid, pgPid int) cpuSample {
 	s := cpuSample{ok: true}
 	var err error
 	if pid > 0 {
 		if s.target, err = cputime.Process(pid); err != nil {
+			s.ok = false
+		}
+	}
+	if pgPid > 0 {
+		if s.pg, err = cputime.Tree(pgPid); err != nil {
 			s.ok = false
 		}
 	}
@@ -225,12 +242,13 @@ func readCPU(pid int) cpuSample {
 }
 
 // perRequest splits the CPU used between two samples over n requests: the target's,
-// the generator's and the rest of the machine's.
-func (s cpuSample) perRequest(before cpuSample, n int) (target, gen, rest time.Duration) {
+// the generator's, PostgreSQL's and the rest of the machine's.
+func (s cpuSample) perRequest(before cpuSample, n int) (target, gen, pg, rest time.Duration) {
 	if !s.ok || !before.ok || n == 0 {
-		return 0, 0, 0
+		return 0, 0, 0, 0
 	}
-	target, gen = s.target-before.target, s.self-before.self
-	rest = max(s.machine-before.machine-target-gen, 0)
-	return target / time.Duration(n), gen / time.Duration(n), rest / time.Duration(n)
+	target, gen, pg = s.target-before.target, s.self-before.self, s.pg-before.pg
+	rest = max(s.machine-before.machine-target-gen-pg, 0)
+	per := time.Duration(n)
+	return target / per, gen / per, pg / per, rest / per
 }

@@ -1,8 +1,9 @@
 package coreload
 
 // The overload test (`bench core-overload`): the core's capacity — the highest rate of
-// activity POSTs, offered open loop, at which p99 stays within a bound — against the
-// capacity of the pgx baseline found the same way in the same run; then an overload of
+// activity POSTs, offered open loop, at which p99 stays within a bound — over many
+// conversations and on one, against the capacity of the pgx baseline found the same way
+// in the same run; then an overload (over many conversations) of
 // the core at a multiple of its capacity, and how long after it the core answers within
 // the bound again, how much it shed, and how many writes completed after their client
 // had given up.
@@ -111,14 +112,17 @@ type OverloadReport struct {
 	Machine              runinfo.Machine
 	LoadStart, LoadEnd   string
 	Source               string
-	Core, Baseline       []step
+	Core, Baseline       []step // over Config.Conversations conversations
 	CoreCap, BaselineCap float64
-	Offered, Achieved    float64
-	Acked, Shed, GaveUp  int
-	Failed, Skipped      int
-	Stored, Abandoned    int
-	Recovered            time.Duration // -1: not within RecoverMax
-	Rows                 int64
+	// The same on one conversation, where every writer queues on its row lock.
+	HotCore, HotBaseline       []step
+	HotCoreCap, HotBaselineCap float64
+	Offered, Achieved          float64
+	Acked, Shed, GaveUp        int
+	Failed, Skipped            int
+	Stored, Abandoned          int
+	Recovered                  time.Duration // -1: not within RecoverMax
+	Rows                       int64
 }
 
 // RunOverload runs the overload test. Every process it starts is stopped before it
@@ -151,9 +155,9 @@ func RunOverload(ctx context.Context, cfg OverloadConfig, stdout, stderr io.Writ
 	tr := &http.Transport{MaxIdleConnsPerHost: maxOutstanding, IdleConnTimeout: time.Minute, DisableCompression: true}
 	defer tr.CloseIdleConnections()
 	client := &http.Client{Transport: tr, Timeout: cfg.Timeout}
-	p := &picker{convs: seed.Many}
+	many, hot := &picker{convs: seed.Many}, &picker{convs: []string{seed.Hot}}
 	var keys atomic.Int64
-	post := func(ctx context.Context, key string) (int, error) {
+	post := func(ctx context.Context, p *picker, key string) (int, error) {
 		req, err := http.NewRequestWithContext(ctx, http.MethodPost, base+"/api/v1/conversations/"+p.pick()+"/activities",
 			bytes.NewReader([]byte(`{"type":"message","text":"overload"}`)))
 		if err != nil {
@@ -172,15 +176,19 @@ func RunOverload(ctx context.Context, cfg OverloadConfig, stdout, stderr io.Writ
 		resp.Body.Close()
 		return resp.StatusCode, nil
 	}
-	coreSend := func(ctx context.Context) bool {
-		status, err := post(ctx, "")
-		return err == nil && status == http.StatusCreated
+	coreSend := func(p *picker) func(context.Context) bool {
+		return func(ctx context.Context) bool {
+			status, err := post(ctx, p, "")
+			return err == nil && status == http.StatusCreated
+		}
 	}
 	bt := &baselineTarget{pool: pool, tenantID: seed.TenantID, text: "overload"}
-	baseSend := func(ctx context.Context) bool {
-		ctx, cancel := context.WithTimeout(ctx, cfg.Timeout)
-		defer cancel()
-		return bt.create(ctx, p.pick()) == nil
+	baseSend := func(p *picker) func(context.Context) bool {
+		return func(ctx context.Context) bool {
+			ctx, cancel := context.WithTimeout(ctx, cfg.Timeout)
+			defer cancel()
+			return bt.create(ctx, p.pick()) == nil
+		}
 	}
 
 	logf("core %s at %s; capacity: the highest rate with p99 ≤ %v, from %g req/s ×%g per %v step", coreBin, base,
@@ -190,16 +198,27 @@ func RunOverload(ctx context.Context, cfg OverloadConfig, stdout, stderr io.Writ
 		send  func(context.Context) bool
 		steps *[]step
 		cap   *float64
-	}{{TargetCore, coreSend, &rep.Core, &rep.CoreCap}, {TargetBaseline, baseSend, &rep.Baseline, &rep.BaselineCap}} {
+	}{
+		{TargetCore + ", " + ScenarioMany, coreSend(many), &rep.Core, &rep.CoreCap},
+		{TargetBaseline + ", " + ScenarioMany, baseSend(many), &rep.Baseline, &rep.BaselineCap},
+		{TargetCore + ", " + ScenarioHot, coreSend(hot), &rep.HotCore, &rep.HotCoreCap},
+		{TargetBaseline + ", " + ScenarioHot, baseSend(hot), &rep.HotBaseline, &rep.HotBaselineCap},
+	} {
 		for rate, i := cfg.StartRate, 0; i < maxSteps; rate, i = rate*cfg.Growth, i+1 {
 			if err := phaseErr(ctx, core); err != nil {
 				return nil, err
 			}
-			s := openLoop(ctx, rate, cfg.Step, cfg.P99, t.send)
-			*t.steps = append(*t.steps, s)
-			logf("%-8s %7.0f req/s offered: %7.0f achieved, p50 %s, p99 %s, %d failed, %d skipped", t.name, s.Rate, s.Achieved,
-				runinfo.Latency(s.P50), runinfo.Latency(s.P99), s.Failed, s.Skipped)
-			if !s.Within {
+			// A step out of the bound is run once more before the search ends: on a shared
+			// machine one stall of the whole machine can push a step's p99 over it.
+			within := false
+			for try := 0; try < 2 && !within; try++ {
+				s := openLoop(ctx, rate, cfg.Step, cfg.P99, t.send)
+				*t.steps = append(*t.steps, s)
+				logf("%-14s %7.0f req/s offered: %7.0f achieved, p50 %s, p99 %s, %d failed, %d skipped", t.name, s.Rate, s.Achieved,
+					runinfo.Latency(s.P50), runinfo.Latency(s.P99), s.Failed, s.Skipped)
+				within = s.Within
+			}
+			if !within {
 				break
 			}
 			*t.cap = rate
@@ -234,7 +253,7 @@ func RunOverload(ctx context.Context, cfg OverloadConfig, stdout, stderr io.Writ
 			outstanding.Add(1)
 			wg.Go(func() {
 				defer outstanding.Add(-1)
-				status, err := post(ctx, key)
+				status, err := post(ctx, many, key)
 				mu.Lock()
 				outcomes[key] = outcome{status, err}
 				mu.Unlock()
@@ -249,7 +268,7 @@ func RunOverload(ctx context.Context, cfg OverloadConfig, stdout, stderr io.Writ
 	streak := 0
 	for time.Since(ended) < cfg.RecoverMax && ctx.Err() == nil {
 		t0 := time.Now()
-		status, err := post(ctx, "")
+		status, err := post(ctx, many, "")
 		if err == nil && status == http.StatusCreated && time.Since(t0) <= cfg.P99 {
 			if streak == 0 {
 				streakStart = t0
@@ -379,10 +398,15 @@ func (r *OverloadReport) Markdown() string {
 	fmt.Fprintf(&b, "# Core overload test: capacity, then %g× capacity for %v\n\n", c.Factor, c.Overload)
 	fmt.Fprintf(&b, "Written by `bench core-overload` on %s.\n\n", r.Started.UTC().Format("2006-01-02 15:04 UTC"))
 	fmt.Fprintf(&b, "## Result\n\n| | value |\n|---|--:|\n")
-	fmt.Fprintf(&b, "| core capacity (highest rate with p99 ≤ %v) | %.0f req/s |\n", c.P99, r.CoreCap)
-	fmt.Fprintf(&b, "| baseline capacity (pgx, same pool, same run) | %.0f req/s |\n", r.BaselineCap)
-	if r.BaselineCap > 0 {
-		fmt.Fprintf(&b, "| capacity core/baseline | %.2f |\n", r.CoreCap/r.BaselineCap)
+	for _, sc := range []struct {
+		what       string
+		core, base float64
+	}{{fmt.Sprintf("%d conversations", c.Conversations), r.CoreCap, r.BaselineCap}, {"one conversation", r.HotCoreCap, r.HotBaselineCap}} {
+		fmt.Fprintf(&b, "| core capacity on %s (highest rate with p99 ≤ %v) | %.0f req/s |\n", sc.what, c.P99, sc.core)
+		fmt.Fprintf(&b, "| baseline capacity on %s (pgx, same pool, same run) | %.0f req/s |\n", sc.what, sc.base)
+		if sc.base > 0 {
+			fmt.Fprintf(&b, "| capacity core/baseline on %s | %.2f |\n", sc.what, sc.core/sc.base)
+		}
 	}
 	fmt.Fprintf(&b, "| overload offered (target %.0f) | %.0f req/s |\n", r.CoreCap*c.Factor, r.Offered)
 	fmt.Fprintf(&b, "| acknowledged during the overload | %d (%.0f req/s) |\n", r.Acked, r.Achieved)
@@ -394,7 +418,10 @@ func (r *OverloadReport) Markdown() string {
 	for _, t := range []struct {
 		name  string
 		steps []step
-	}{{TargetCore, r.Core}, {TargetBaseline, r.Baseline}} {
+	}{
+		{fmt.Sprintf("core, %d conversations", c.Conversations), r.Core}, {fmt.Sprintf("baseline, %d conversations", c.Conversations), r.Baseline},
+		{"core, one conversation", r.HotCore}, {"baseline, one conversation", r.HotBaseline},
+	} {
 		fmt.Fprintf(&b, "## Capacity search: %s\n\n| offered req/s | achieved | p50 | p99 | failed | within |\n|--:|--:|--:|--:|--:|---|\n", t.name)
 		for _, s := range t.steps {
 			fmt.Fprintf(&b, "| %.0f | %.0f | %s | %s | %d | %v |\n", s.Rate, s.Achieved, runinfo.Latency(s.P50), runinfo.Latency(s.P99), s.Failed, s.Within)
@@ -409,9 +436,11 @@ func (r *OverloadReport) Markdown() string {
 - One throwaway PostgreSQL, one real ` + "`core serve`" + ` (default bounds; the generator's address in
   TRUSTED_PROXIES, as Envoy's would be, so that the per-address connection cap does not apply to it), a
   tenant and conversations as in ` + "`bench core`" + `; activity POSTs through the tenant API, spread
-  round robin over the conversations.
+  round robin over the conversations, then all to one more conversation (where every writer queues on
+  its row lock); the overload goes over the many conversations.
 - Capacity: open loop (requests sent at a fixed rate, whatever the answers) in steps of growing rate;
-  a step is within the bound when its p99 is, under 1% failed and 90% of the rate was achieved. The
+  a step is within the bound when its p99 is, under 1% failed and 90% of the rate was achieved; a step
+  out of the bound is run once more, and the search ends when that one is out too. The
   baseline (the generator inserting the same rows through pgx with the same pool size) is searched the
   same way in the same run, so the ratio holds on a shared machine.
 - Overload: open loop at the factor times the core's capacity, each request with an idempotency key

@@ -36,18 +36,19 @@ type Report struct {
 // Summary is one target's figures in one scenario: medians over rounds of req/s, p50,
 // p99 and CPU per request, and sums of the counts.
 type Summary struct {
-	Scenario, Target         string
-	RPS                      float64
-	P50, P99                 time.Duration
-	CoreCPU, GenCPU, RestCPU time.Duration
-	Requests, Errors         int
+	Scenario, Target                          string
+	RPS                                       float64
+	P50, P99                                  time.Duration
+	CoreCPU, GenCPU, PGCPU, StackCPU, RestCPU time.Duration
+	Requests, Errors                          int
 }
 
 // Ratio compares the core with the baseline in one scenario: the ratio of the median
-// throughputs and p99s, and the median of the per-round throughput ratios.
+// throughputs and p99s, the median of the per-round throughput ratios, and the ratio of
+// the median CPU per request of the stacks (StackCPU), core over baseline.
 type Ratio struct {
-	Scenario                   string
-	Throughput, P99, PairedThr float64
+	Scenario                             string
+	Throughput, P99, PairedThr, StackCPU float64
 }
 
 // summary returns the summary of a scenario's target.
@@ -75,7 +76,7 @@ func (r *Report) summarize() {
 	for _, sc := range []string{ScenarioMany, ScenarioHot} {
 		for _, tg := range []string{TargetCore, TargetBaseline} {
 			s := Summary{Scenario: sc, Target: tg}
-			var rps, p50, p99, ccpu, gcpu, rcpu []float64
+			var rps, p50, p99, ccpu, gcpu, pcpu, scpu, rcpu []float64
 			for _, p := range r.Phases {
 				if p.Scenario != sc || p.Target != tg {
 					continue
@@ -85,16 +86,20 @@ func (r *Report) summarize() {
 				p99 = append(p99, float64(p.P99))
 				ccpu = append(ccpu, float64(p.CoreCPU))
 				gcpu = append(gcpu, float64(p.GenCPU))
+				pcpu = append(pcpu, float64(p.PGCPU))
+				scpu = append(scpu, float64(p.StackCPU()))
 				rcpu = append(rcpu, float64(p.RestCPU))
 				s.Requests += p.Requests
 				s.Errors += p.Errors
 			}
 			s.RPS, s.P50, s.P99 = closedloop.Median(rps), time.Duration(closedloop.Median(p50)), time.Duration(closedloop.Median(p99))
-			s.CoreCPU, s.GenCPU, s.RestCPU = time.Duration(closedloop.Median(ccpu)), time.Duration(closedloop.Median(gcpu)), time.Duration(closedloop.Median(rcpu))
+			med := func(v []float64) time.Duration { return time.Duration(closedloop.Median(v)) }
+			s.CoreCPU, s.GenCPU, s.PGCPU, s.StackCPU, s.RestCPU = med(ccpu), med(gcpu), med(pcpu), med(scpu), med(rcpu)
 			r.Summaries = append(r.Summaries, s)
 		}
 		c, b := r.summary(sc, TargetCore), r.summary(sc, TargetBaseline)
-		x := Ratio{Scenario: sc, Throughput: ratio(c.RPS, b.RPS), P99: ratio(float64(c.P99), float64(b.P99))}
+		x := Ratio{Scenario: sc, Throughput: ratio(c.RPS, b.RPS), P99: ratio(float64(c.P99), float64(b.P99)),
+			StackCPU: ratio(float64(c.StackCPU), float64(b.StackCPU))}
 		var paired []float64
 		for round := 1; round <= r.Config.Rounds; round++ {
 			var cr, br *PhaseResult
@@ -173,14 +178,15 @@ func (r *Report) WriteText(w io.Writer) {
 		c.Rounds, c.Warmup, c.Duration, c.Concurrency, c.PoolSize())
 	fmt.Fprintf(w, "%s, %d CPUs, load %s → %s\n\n", r.CPU, r.NProc, r.LoadStart, r.LoadEnd)
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "round\tscenario\ttarget\trequests\treq/s\tp50\tp90\tp99\tmax\terrors\tcore CPU/req\tgen CPU/req\tPG+rest CPU/req\t")
+	fmt.Fprintln(tw, "round\tscenario\ttarget\trequests\treq/s\tp50\tp90\tp99\tmax\terrors\tcore CPU/req\tgen CPU/req\tPG CPU/req\tstack CPU/req\tother CPU/req\t")
 	for _, p := range r.Phases {
-		fmt.Fprintf(tw, "%d\t%s\t%s\t%d\t%.0f\t%s\t%s\t%s\t%s\t%d\t%s\t%s\t%s\t\n", p.Round, p.Scenario, p.Target, p.Requests, p.RPS,
-			runinfo.Latency(p.P50), runinfo.Latency(p.P90), runinfo.Latency(p.P99), runinfo.Latency(p.Max), p.Errors, coreCPU(p.Target, p.CoreCPU), fmtCPU(p.GenCPU), fmtCPU(p.RestCPU))
+		fmt.Fprintf(tw, "%d\t%s\t%s\t%d\t%.0f\t%s\t%s\t%s\t%s\t%d\t%s\t%s\t%s\t%s\t%s\t\n", p.Round, p.Scenario, p.Target, p.Requests, p.RPS,
+			runinfo.Latency(p.P50), runinfo.Latency(p.P90), runinfo.Latency(p.P99), runinfo.Latency(p.Max), p.Errors, coreCPU(p.Target, p.CoreCPU), fmtCPU(p.GenCPU),
+			fmtCPU(p.PGCPU), fmtCPU(p.StackCPU()), fmtCPU(p.RestCPU))
 	}
 	for _, s := range r.Summaries {
-		fmt.Fprintf(tw, "median\t%s\t%s\t%d\t%.0f\t%s\t\t%s\t\t%d\t%s\t%s\t%s\t\n", s.Scenario, s.Target, s.Requests, s.RPS,
-			runinfo.Latency(s.P50), runinfo.Latency(s.P99), s.Errors, coreCPU(s.Target, s.CoreCPU), fmtCPU(s.GenCPU), fmtCPU(s.RestCPU))
+		fmt.Fprintf(tw, "median\t%s\t%s\t%d\t%.0f\t%s\t\t%s\t\t%d\t%s\t%s\t%s\t%s\t%s\t\n", s.Scenario, s.Target, s.Requests, s.RPS,
+			runinfo.Latency(s.P50), runinfo.Latency(s.P99), s.Errors, coreCPU(s.Target, s.CoreCPU), fmtCPU(s.GenCPU), fmtCPU(s.PGCPU), fmtCPU(s.StackCPU), fmtCPU(s.RestCPU))
 	}
 	tw.Flush()
 	fmt.Fprintln(w)
@@ -189,8 +195,8 @@ func (r *Report) WriteText(w io.Writer) {
 		if x.Scenario == ScenarioMany {
 			aim = fmt.Sprintf("(aim ≥ %.2f)  %s", MinThroughputRatio, runinfo.Verdict(x.Throughput >= MinThroughputRatio))
 		}
-		fmt.Fprintf(w, "%-21s throughput core/baseline %.3f %s; paired per round %.3f; p99 core/baseline %.2f\n",
-			scenarioText[x.Scenario]+":", x.Throughput, aim, x.PairedThr, x.P99)
+		fmt.Fprintf(w, "%-21s throughput core/baseline %.3f %s; paired per round %.3f; p99 core/baseline %.2f; stack CPU/req core/baseline %.2f\n",
+			scenarioText[x.Scenario]+":", x.Throughput, aim, x.PairedThr, x.P99, x.StackCPU)
 	}
 	fmt.Fprintf(w, "failed requests: %d (warm-ups included); %d activities stored, seq gap-free in every conversation; hot conversation at seq %d\n",
 		r.Errors(), r.Rows, r.HotSeq)
@@ -207,27 +213,28 @@ func (r *Report) Markdown() string {
 		r.Started.UTC().Format("2006-01-02 15:04 UTC"), runinfo.Verdict(r.Pass), many.Throughput, MinThroughputRatio, r.Errors())
 
 	b.WriteString("## Result (medians over rounds)\n\n")
-	b.WriteString("| scenario | target | requests | req/s | p50 | p99 | errors | core CPU/req | generator CPU/req | PostgreSQL + rest CPU/req |\n|---|---|--:|--:|--:|--:|--:|--:|--:|--:|\n")
+	b.WriteString("| scenario | target | requests | req/s | p50 | p99 | errors | core CPU/req | generator CPU/req | PostgreSQL CPU/req | stack CPU/req | other CPU/req |\n|---|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|\n")
 	for _, s := range r.Summaries {
-		fmt.Fprintf(&b, "| %s | %s | %d | %.0f | %s | %s | %d | %s | %s | %s |\n", scenarioText[s.Scenario], s.Target, s.Requests, s.RPS,
-			runinfo.Latency(s.P50), runinfo.Latency(s.P99), s.Errors, coreCPU(s.Target, s.CoreCPU), fmtCPU(s.GenCPU), fmtCPU(s.RestCPU))
+		fmt.Fprintf(&b, "| %s | %s | %d | %.0f | %s | %s | %d | %s | %s | %s | %s | %s |\n", scenarioText[s.Scenario], s.Target, s.Requests, s.RPS,
+			runinfo.Latency(s.P50), runinfo.Latency(s.P99), s.Errors, coreCPU(s.Target, s.CoreCPU), fmtCPU(s.GenCPU), fmtCPU(s.PGCPU), fmtCPU(s.StackCPU), fmtCPU(s.RestCPU))
 	}
-	b.WriteString("\n| scenario | throughput core/baseline | paired per round (median) | p99 core/baseline | aim | verdict |\n|---|--:|--:|--:|---|---|\n")
+	b.WriteString("\n| scenario | throughput core/baseline | paired per round (median) | p99 core/baseline | stack CPU/req core/baseline | aim | verdict |\n|---|--:|--:|--:|--:|---|---|\n")
 	for _, x := range r.Ratios {
 		aim, verdict := "—", "information"
 		if x.Scenario == ScenarioMany {
 			aim, verdict = fmt.Sprintf("≥ %.2f", MinThroughputRatio), runinfo.Verdict(x.Throughput >= MinThroughputRatio)
 		}
-		fmt.Fprintf(&b, "| %s | %.3f | %.3f | %.2f | %s | %s |\n", scenarioText[x.Scenario], x.Throughput, x.PairedThr, x.P99, aim, verdict)
+		fmt.Fprintf(&b, "| %s | %.3f | %.3f | %.2f | %.2f | %s | %s |\n", scenarioText[x.Scenario], x.Throughput, x.PairedThr, x.P99, x.StackCPU, aim, verdict)
 	}
 	fmt.Fprintf(&b, "\nAt the end: %d activities stored, seq gap-free (1..last_seq) in every conversation; the hot conversation reached seq %d.\n",
 		r.Rows, r.HotSeq)
 	b.WriteString("\nWhere the core's time goes (a perf profile under this load, taken by hand): [core-profile.md](core-profile.md).\n")
 
-	b.WriteString("\n## Rounds\n\n| round | scenario | target | requests | req/s | p50 | p90 | p99 | max | errors | core CPU/req | generator CPU/req | PostgreSQL + rest CPU/req |\n|--:|---|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|\n")
+	b.WriteString("\n## Rounds\n\n| round | scenario | target | requests | req/s | p50 | p90 | p99 | max | errors | core CPU/req | generator CPU/req | PostgreSQL CPU/req | stack CPU/req | other CPU/req |\n|--:|---|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|\n")
 	for _, p := range r.Phases {
-		fmt.Fprintf(&b, "| %d | %s | %s | %d | %.0f | %s | %s | %s | %s | %d | %s | %s | %s |\n", p.Round, p.Scenario, p.Target, p.Requests, p.RPS,
-			runinfo.Latency(p.P50), runinfo.Latency(p.P90), runinfo.Latency(p.P99), runinfo.Latency(p.Max), p.Errors, coreCPU(p.Target, p.CoreCPU), fmtCPU(p.GenCPU), fmtCPU(p.RestCPU))
+		fmt.Fprintf(&b, "| %d | %s | %s | %d | %.0f | %s | %s | %s | %s | %d | %s | %s | %s | %s | %s |\n", p.Round, p.Scenario, p.Target, p.Requests, p.RPS,
+			runinfo.Latency(p.P50), runinfo.Latency(p.P90), runinfo.Latency(p.P99), runinfo.Latency(p.Max), p.Errors, coreCPU(p.Target, p.CoreCPU), fmtCPU(p.GenCPU),
+			fmtCPU(p.PGCPU), fmtCPU(p.StackCPU()), fmtCPU(p.RestCPU))
 	}
 	for _, p := range r.Phases {
 		if p.FirstErr != "" {
@@ -261,7 +268,8 @@ func (r *Report) Markdown() string {
   with its default pool of %d PostgreSQL connections (pgxpool: max(4, CPUs); `+"`pool_max_conns`"+` cannot go in
   DATABASE_URL because `+"`core serve`"+` migrates through the same URL and PostgreSQL refuses the parameter). The generator POSTs `+"`/api/v1/conversations/:id/activities`"+`
   with the tenant's `+"`x-api-key`"+` and `+"`{\"type\":\"message\",\"text\":\"<%d bytes>\"}`"+` over keep-alive
-  HTTP/1.1 connections (Go's net/http, one per worker) and counts a request when it answers 201.
+  HTTP/1.1 connections (one per worker; pre-built requests, only the answer's status read: bench/rawhttp,
+  so that the client costs little beside the core) and counts a request when it answers 201.
 - **baseline**: the generator itself, through a pgx pool of as many connections (%d), runs in one transaction
   `+"`UPDATE conversations SET last_seq = last_seq + 1, updated_at = now() WHERE id = $1 AND tenant_id = $2 AND status = 'active' RETURNING last_seq`"+`
   and `+"`INSERT INTO activities (...) VALUES (...) RETURNING id`"+` with the same row (type, sender, text,
@@ -275,8 +283,12 @@ func (r *Report) Markdown() string {
   per request around the call; p50/p99 are exact (all latencies sorted, nearest rank). The verdict
   compares the medians over rounds.
 - CPU per request is read from /proc around each measured phase: the core process, the generator
-  (getrusage), and the rest of the machine (mostly PostgreSQL's backends). All share the machine's
-  CPUs, so on a small machine the throughput follows the total CPU per request.
+  (getrusage), PostgreSQL (the postmaster, its backends and background processes), and the rest
+  of the machine (other processes: on a shared machine, other people's work). The stack is the
+  core, the generator and PostgreSQL: for the baseline, the generator is the implementation itself
+  (its pgx calls); for the core, it is the HTTP client. All share the machine's CPUs, so on a
+  small machine the throughput follows the stack's CPU per request and how much of the machine
+  the other processes leave; the stack's CPU per request depends far less on them.
 - At the end the run checks that every conversation's activities are exactly seq 1..last_seq.
 `, c.Conversations, c.PoolSize(), c.TextBytes, c.PoolSize(), c.Concurrency, c.Warmup, c.Duration)
 	return b.String()

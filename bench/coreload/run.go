@@ -57,7 +57,7 @@ func Run(ctx context.Context, cfg Config, stdout, stderr io.Writer) (rep *Report
 
 	text := strings.Repeat("x", cfg.TextBytes)
 	body := []byte(`{"type":"message","text":"` + text + `"}`)
-	coreT := newCoreTarget(base, seed.APIKey, body, cfg.Concurrency, core.Pid())
+	coreT := newCoreTarget(base, seed.APIKey, body, append([]string{seed.Hot}, seed.Many...), cfg.Concurrency, core.Pid())
 	defer coreT.close()
 	baseT := &baselineTarget{pool: pool, tenantID: seed.TenantID, text: text}
 	scenarios := []struct {
@@ -78,7 +78,7 @@ func Run(ctx context.Context, cfg Config, stdout, stderr io.Writer) (rep *Report
 			}
 			for _, t := range order {
 				if cfg.Warmup > 0 {
-					w := runPhase(ctx, t, sc.p, cfg.Concurrency, cfg.Warmup, false)
+					w := runPhase(ctx, t, sc.p, cfg.Concurrency, cfg.Warmup, false, st.pg.Pid())
 					rep.WarmupErrors += w.Errors
 					if w.Errors > 0 {
 						logf("round %d %s %s warm-up: %d errors, first: %s", round, sc.name, t.name(), w.Errors, w.FirstErr)
@@ -87,15 +87,15 @@ func Run(ctx context.Context, cfg Config, stdout, stderr io.Writer) (rep *Report
 				if err := phaseErr(ctx, core); err != nil {
 					return nil, err
 				}
-				res := runPhase(ctx, t, sc.p, cfg.Concurrency, cfg.Duration, true)
+				res := runPhase(ctx, t, sc.p, cfg.Concurrency, cfg.Duration, true, st.pg.Pid())
 				if err := phaseErr(ctx, core); err != nil {
 					return nil, err
 				}
 				res.Round, res.Scenario = round, sc.name
 				rep.Phases = append(rep.Phases, res)
-				logf("round %d %-4s %-8s %7.0f req/s  p50 %s  p99 %s  errors %d  CPU/req core %s, generator %s, PostgreSQL+rest %s",
+				logf("round %d %-4s %-8s %7.0f req/s  p50 %s  p99 %s  errors %d  CPU/req core %s, generator %s, PostgreSQL %s (stack %s), other %s",
 					round, sc.name, t.name(), res.RPS, runinfo.Latency(res.P50), runinfo.Latency(res.P99), res.Errors,
-					coreCPU(res.Target, res.CoreCPU), fmtCPU(res.GenCPU), fmtCPU(res.RestCPU))
+					coreCPU(res.Target, res.CoreCPU), fmtCPU(res.GenCPU), fmtCPU(res.PGCPU), fmtCPU(res.StackCPU()), fmtCPU(res.RestCPU))
 				if res.Errors > 0 {
 					logf("round %d %s %s: first error: %s", round, sc.name, t.name(), res.FirstErr)
 				}

@@ -17,27 +17,66 @@ const clockTick = 10 * time.Millisecond
 
 // Process returns the CPU time (user + system, all threads) a process has used so far.
 func Process(pid int) (time.Duration, error) {
-	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	st, err := readStat(strconv.Itoa(pid))
 	if err != nil {
 		return 0, err
+	}
+	return st.own, nil
+}
+
+// Tree returns the CPU time a process and its children have used so far: its own, that
+// of the children it has waited for, and that of its children alive — a server that
+// forks a process per connection, such as PostgreSQL's postmaster, with its backends.
+func Tree(pid int) (time.Duration, error) {
+	root, err := readStat(strconv.Itoa(pid))
+	if err != nil {
+		return 0, err
+	}
+	total := root.own + root.children
+	entries, err := os.ReadDir("/proc")
+	if err != nil {
+		return 0, err
+	}
+	for _, e := range entries {
+		if e.Name()[0] < '0' || e.Name()[0] > '9' {
+			continue
+		}
+		if st, err := readStat(e.Name()); err == nil && st.ppid == pid {
+			total += st.own + st.children
+		}
+	}
+	return total, nil
+}
+
+// stat is what Process and Tree read of /proc/<pid>/stat.
+type stat struct {
+	ppid          int
+	own, children time.Duration
+}
+
+func readStat(pid string) (stat, error) {
+	b, err := os.ReadFile("/proc/" + pid + "/stat")
+	if err != nil {
+		return stat{}, err
 	}
 	// The command name may hold spaces; the fields after it start at its closing ')'.
 	s := string(b)
 	i := strings.LastIndexByte(s, ')')
 	if i < 0 {
-		return 0, errors.New("malformed /proc/<pid>/stat")
+		return stat{}, errors.New("malformed /proc/<pid>/stat")
 	}
 	f := strings.Fields(s[i+1:])
-	if len(f) < 13 {
-		return 0, errors.New("malformed /proc/<pid>/stat")
+	if len(f) < 15 {
+		return stat{}, errors.New("malformed /proc/<pid>/stat")
 	}
-	// f[0] is field 3 (state): utime is field 14, stime field 15.
-	utime, err1 := strconv.ParseInt(f[11], 10, 64)
-	stime, err2 := strconv.ParseInt(f[12], 10, 64)
-	if err := errors.Join(err1, err2); err != nil {
-		return 0, err
+	// f[0] is field 3 (state): ppid is field 4, utime 14, stime 15, cutime 16, cstime 17.
+	var n [5]int64
+	for j, k := range []int{1, 11, 12, 13, 14} {
+		if n[j], err = strconv.ParseInt(f[k], 10, 64); err != nil {
+			return stat{}, err
+		}
 	}
-	return time.Duration(utime+stime) * clockTick, nil
+	return stat{ppid: int(n[0]), own: time.Duration(n[1]+n[2]) * clockTick, children: time.Duration(n[3]+n[4]) * clockTick}, nil
 }
 
 // Self returns the CPU time (user + system) this process has used so far.

@@ -2,6 +2,7 @@ package cputime
 
 import (
 	"os"
+	"os/exec"
 	"testing"
 	"time"
 )
@@ -44,5 +45,60 @@ func TestCPUTime(t *testing.T) {
 	}
 	if _, err := Process(-1); err == nil {
 		t.Error("Process(-1) should fail")
+	}
+}
+
+// A process's tree counts its children, alive and exited.
+func TestTree(t *testing.T) {
+	if mode := os.Getenv("CPUTIME_TEST_CHILD"); mode != "" {
+		// A child: use 150ms of CPU, then exit or stay.
+		self0, _ := Self()
+		for start := time.Now(); time.Since(start) < 10*time.Second; {
+			if now, _ := Self(); now-self0 >= 150*time.Millisecond {
+				break
+			}
+		}
+		if mode == "stay" {
+			time.Sleep(time.Minute)
+		}
+		os.Exit(0)
+	}
+	child := func(mode string) *exec.Cmd {
+		cmd := exec.Command(os.Args[0], "-test.run=^TestTree$")
+		cmd.Env = append(os.Environ(), "CPUTIME_TEST_CHILD="+mode)
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		return cmd
+	}
+	own0, _ := Process(os.Getpid())
+	tree0, err := Tree(os.Getpid())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := child("exit").Wait(); err != nil {
+		t.Fatal(err)
+	}
+	stay := child("stay")
+	defer func() { _ = stay.Process.Kill(); _ = stay.Wait() }()
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		if used, _ := Process(stay.Process.Pid); used >= 120*time.Millisecond {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Skip("the machine gave the child too little CPU")
+		}
+	}
+	own1, _ := Process(os.Getpid())
+	tree1, err := Tree(os.Getpid())
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Both children's 150ms, less the rounding of /proc's 10ms ticks, beside this process's own.
+	if children := (tree1 - tree0) - (own1 - own0); children < 250*time.Millisecond {
+		t.Errorf("the tree counted %v of its children's CPU, want at least 2 × 150ms", children)
+	}
+	if _, err := Tree(-1); err == nil {
+		t.Error("Tree(-1) should fail")
 	}
 }

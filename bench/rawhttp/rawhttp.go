@@ -18,6 +18,12 @@ import (
 // Request builds the bytes of a request without a body: the request line, Host, the
 // headers in a fixed order and "Connection: keep-alive".
 func Request(method, target, host string, header map[string]string) []byte {
+	return RequestWithBody(method, target, host, header, nil)
+}
+
+// RequestWithBody builds the bytes of a request as Request does, with a Content-Length
+// and the body when body is not nil.
+func RequestWithBody(method, target, host string, header map[string]string, body []byte) []byte {
 	var b strings.Builder
 	fmt.Fprintf(&b, "%s %s HTTP/1.1\r\nHost: %s\r\n", method, target, host)
 	names := make([]string, 0, len(header))
@@ -28,7 +34,11 @@ func Request(method, target, host string, header map[string]string) []byte {
 	for _, k := range names {
 		fmt.Fprintf(&b, "%s: %s\r\n", k, header[k])
 	}
+	if body != nil {
+		fmt.Fprintf(&b, "Content-Length: %d\r\n", len(body))
+	}
 	b.WriteString("Connection: keep-alive\r\n\r\n")
+	b.Write(body)
 	return []byte(b.String())
 }
 

@@ -22,6 +22,13 @@ func TestConnKeepsAliveAndRedials(t *testing.T) {
 		if r.URL.Path == "/deny" {
 			w.WriteHeader(http.StatusTooManyRequests)
 		}
+		if r.Method == "POST" {
+			if b, err := io.ReadAll(r.Body); err != nil || string(b) != "a body" {
+				w.WriteHeader(http.StatusBadRequest)
+			} else {
+				w.WriteHeader(http.StatusCreated)
+			}
+		}
 		_, _ = io.WriteString(w, strings.Repeat("x", 100_000))
 	}))
 	srv.Config.ConnState = func(_ net.Conn, s http.ConnState) {
@@ -43,6 +50,8 @@ func TestConnKeepsAliveAndRedials(t *testing.T) {
 		{Request("POST", "/deny", "h", map[string]string{"X-A": "1"}), 429, 1},
 		{Request("GET", "/", "h", map[string]string{"X-Close": "1"}), 200, 1},
 		{Request("GET", "/", "h", nil), 200, 2},
+		{RequestWithBody("POST", "/", "h", map[string]string{"Content-Type": "text/plain"}, []byte("a body")), 201, 2},
+		{RequestWithBody("POST", "/", "h", nil, []byte("a body")), 201, 2}, // the body was read whole: the connection stays
 	} {
 		status, err := c.Do(ctx, tc.req)
 		if err != nil || status != tc.status || conns.Load() != tc.conns {

@@ -11,6 +11,7 @@ import (
 	"strconv"
 	"strings"
 	"time"
+	"unicode/utf8"
 )
 
 // Activity is a stored activity.
@@ -85,20 +86,49 @@ func (f FieldErrors) Error() string {
 
 // FromBody takes a tenant-API body's allowlisted keys; every other key is ignored.
 func FromBody(body []byte) (Client, FieldErrors) {
-	return fromFields(body, "metadata")
+	c, _, errs := fromFields(body, "metadata")
+	return c, errs
+}
+
+// FromTenantBody is FromBody and BodySender(body, def) from one reading of the body.
+func FromTenantBody(body []byte, def string) (Client, string, FieldErrors) {
+	c, fields, errs := fromFields(body, "metadata")
+	if errs != nil {
+		return c, def, errs
+	}
+	for k := range fields {
+		// BodySender decodes into a struct, whose field also takes a key that differs
+		// from "sender" in case only (the last one of the body wins): such bodies, rare,
+		// are read its way.
+		if k != "sender" && len(k) >= len("sender") && (strings.EqualFold(k, "sender") || !isASCII(k)) {
+			return c, BodySender(body, def), nil
+		}
+	}
+	return c, senderFrom(fields["sender"], def), nil
+}
+
+func isASCII(s string) bool {
+	for i := range len(s) {
+		if s[i] >= utf8.RuneSelf {
+			return false
+		}
+	}
+	return true
 }
 
 // FromDirectLine takes a Direct Line activity's allowlisted keys: channelData is the
 // metadata (metadata is accepted when channelData is absent); from.id is the sender,
 // which the caller reads itself with Sender, as a server-side decision of that path.
 func FromDirectLine(body []byte) (Client, FieldErrors) {
+	metadataKey := "metadata"
 	var probe map[string]json.RawMessage
 	if json.Unmarshal(body, &probe) == nil {
 		if _, ok := probe["channelData"]; ok {
-			return fromFields(body, "channelData")
+			metadataKey = "channelData"
 		}
 	}
-	return fromFields(body, "metadata")
+	c, _, errs := fromFields(body, metadataKey)
+	return c, errs
 }
 
 // Sender returns the from.id of a Direct Line activity, or def.
@@ -116,12 +146,12 @@ func Sender(body []byte, def string) string {
 	return def
 }
 
-func fromFields(body []byte, metadataKey string) (Client, FieldErrors) {
+func fromFields(body []byte, metadataKey string) (Client, map[string]json.RawMessage, FieldErrors) {
 	errs := FieldErrors{}
 	var fields map[string]json.RawMessage
 	if err := json.Unmarshal(body, &fields); err != nil || fields == nil {
 		errs.add("body", "must be a JSON object")
-		return Client{}, errs
+		return Client{}, nil, errs
 	}
 	var c Client
 	str := func(key string, dst *string) {
@@ -129,7 +159,7 @@ func fromFields(body []byte, metadataKey string) (Client, FieldErrors) {
 		if !ok || isNull(raw) {
 			return
 		}
-		if json.Unmarshal(raw, dst) != nil {
+		if !decodeString(raw, dst) {
 			errs.add(key, "must be a string")
 		}
 	}
@@ -144,12 +174,32 @@ func fromFields(body []byte, metadataKey string) (Client, FieldErrors) {
 		c.Metadata = raw
 	}
 	if len(errs) > 0 {
-		return Client{}, errs
+		return Client{}, nil, errs
 	}
-	return c, nil
+	return c, fields, nil
 }
 
 func isNull(raw json.RawMessage) bool { return string(bytes.TrimSpace(raw)) == "null" }
+
+// decodeString decodes a JSON value that must be a string, as json.Unmarshal into a
+// string does; one without escapes, of valid UTF-8, is taken as it is.
+func decodeString(raw json.RawMessage, dst *string) bool {
+	if n := len(raw); n >= 2 && raw[0] == '"' && raw[n-1] == '"' {
+		in := raw[1 : n-1]
+		plain := utf8.Valid(in)
+		for _, b := range in {
+			if b == '\\' || b == '"' || b < 0x20 {
+				plain = false
+				break
+			}
+		}
+		if plain {
+			*dst = string(in)
+			return true
+		}
+	}
+	return json.Unmarshal(raw, dst) == nil
+}
 
 // Validate checks a client's fields against the type list and the limits, and fills
 // the defaults: type "message", no attachments, empty metadata.
@@ -311,6 +361,15 @@ func BodySender(body []byte, def string) string {
 		if s, ok := a.Sender.(string); ok && validSender(s) {
 			return s
 		}
+	}
+	return def
+}
+
+// senderFrom is BodySender of a body whose "sender" value is raw (nil: none).
+func senderFrom(raw json.RawMessage, def string) string {
+	var s string
+	if len(raw) > 0 && raw[0] == '"' && decodeString(raw, &s) && validSender(s) {
+		return s
 	}
 	return def
 }

@@ -87,6 +87,24 @@ func TestSenders(t *testing.T) {
 			t.Errorf("BodySender(%.40s) = %.40q, want %.40q", body, got, want)
 		}
 	}
+	// FromTenantBody reads the sender as BodySender does, also the keys that differ in
+	// case only (the last one wins).
+	for body, want := range map[string]string{
+		`{"sender":"agent"}`:             "agent",
+		`{"text":"hi"}`:                  "user",
+		`{"sender":"a","SENDER":"b"}`:    "b",
+		`{"Sender":"b","sender":"a"}`:    "a",
+		`{"ſender":"c"}`:                 BodySender([]byte(`{"ſender":"c"}`), "user"),
+		`{"sender":"\u0061\u0062"}`:      "ab",
+		`{"sender":"a\u0000"}`:           "user",
+		`{"sender":7,"text":"x"}`:        "user",
+		`{"type":"message","sender":""}`: "user",
+	} {
+		_, got, errs := FromTenantBody([]byte(body), "user")
+		if errs != nil || got != want {
+			t.Errorf("FromTenantBody(%s) sender %q (%v), want %q", body, got, errs, want)
+		}
+	}
 }
 
 func TestValidateDefaultsAndLimits(t *testing.T) {

@@ -3,6 +3,7 @@ package activity
 import (
 	"bytes"
 	"encoding/json"
+	"reflect"
 	"slices"
 	"strconv"
 	"strings"
@@ -45,6 +46,8 @@ func FuzzFromBody(f *testing.F) {
 		`{"text":"\ud800"}`,
 		`{"channelData":{"clientActivityID":"x"},"from":{"id":"u1"},"sender":"agent"}`,
 		`{"channelData":null,"metadata":{"m":1}}`,
+		`{"sender":"a","Sender":"b"}`, `{"SENDER":"b","sender":"a"}`, `{"ſender":"b"}`, `{"sender":"\u0061\n"}`,
+		`{"type":"message","text":"caf\u00e9 \ud83d\ude00 \"q\"","sender":"\xff"}`, "{\"text\":\"\xff\"}",
 		`[]`, `null`, `"s"`, `1`, ``, `{`, `{"text":"x"} trailing`,
 	} {
 		f.Add([]byte(seed))
@@ -71,6 +74,12 @@ func FuzzFromBody(f *testing.F) {
 				checkAccepted(t, v, l)
 				checkStable(t, v, l)
 			}
+		}
+		// One reading of a tenant body gives what FromBody and BodySender give.
+		c, errs := FromBody(body)
+		tc, sender, terrs := FromTenantBody(body, "def")
+		if !reflect.DeepEqual(c, tc) || !reflect.DeepEqual(errs, terrs) || (errs == nil && sender != BodySender(body, "def")) {
+			t.Fatalf("FromTenantBody: %+v %q %v, want %+v %q %v", tc, sender, terrs, c, BodySender(body, "def"), errs)
 		}
 		for _, s := range []string{BodySender(body, "def"), Sender(body, "def")} {
 			if s != "def" && !(s != "" && len(s) <= 256 && utf8.ValidString(s) && !strings.ContainsRune(s, 0)) {

@@ -94,6 +94,7 @@ type server struct {
 	limiterFailing atomic.Bool
 	cors           *corsPolicy
 	inFlight       *admission
+	apiKeys        *apiKeyCache
 }
 
 // New returns the fiber app. Start its background work (the stream's fan-out, the
@@ -123,7 +124,7 @@ func New(d Deps) (*fiber.App, *Listener) {
 		d.MaxInFlight = defaultMaxInFlight
 	}
 	s := &server{Deps: d, hub: newHub(), sockets: newSocketCounts(), cors: newCORSPolicy(d.CORSOrigins, d.PublicURL),
-		inFlight: newAdmission(d.MaxInFlight)}
+		inFlight: newAdmission(d.MaxInFlight), apiKeys: newAPIKeyCache(d.Now)}
 	app := fiber.New(fiber.Config{
 		AppName:               "converger-core",
 		DisableStartupMessage: true,

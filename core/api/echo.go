@@ -60,11 +60,14 @@ func (s *server) echoReply(parent context.Context, reqID string, a activity.Acti
 	if !shouldEcho(a) {
 		return
 	}
+	channelID := a.ChannelID
+	if t, ok := channelTypes.Load(channelID); ok && t.(string) != echoChannelType {
+		return // the common case: no echo, known without a lookup
+	}
 	// The reply must not be lost because the client went away after its message was
 	// stored.
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(parent), echoTimeout)
 	defer cancel()
-	channelID := a.ChannelID
 	if channelID == "" {
 		conv, err := s.Store.Conversation(ctx, a.TenantID, a.ConversationID)
 		if err != nil {

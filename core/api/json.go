@@ -1,8 +1,11 @@
 package api
 
 import (
+	"bytes"
 	"encoding/json"
+	"strconv"
 	"time"
+	"unicode/utf8"
 
 	"github.com/converger/edge/core/activity"
 	"github.com/converger/edge/core/store"
@@ -43,6 +46,11 @@ type tenantActivityJSON struct {
 	ConversationID string          `json:"conversation_id"`
 	TenantID       string          `json:"tenant_id"`
 	InsertedAt     string          `json:"inserted_at"`
+}
+
+// tenantActivityData is the answer of one activity: {"data": …}.
+type tenantActivityData struct {
+	Data tenantActivityJSON `json:"data"`
 }
 
 func tenantActivity(a activity.Activity) tenantActivityJSON {
@@ -114,4 +122,100 @@ func directLineActivities(list []activity.Activity) []directLineActivityJSON {
 type directLineActivitySet struct {
 	Activities []directLineActivityJSON `json:"activities"`
 	Watermark  string                   `json:"watermark"`
+}
+
+// appendJSON appends {"data": a} as marshalJSON encodes it, without reflection: the
+// activity POST's answer. Attachments and metadata are compacted as encoding/json
+// compacts a RawMessage; ok is false when one of them is not valid JSON, and the caller
+// then encodes with marshalJSON, which reports it.
+func (d tenantActivityData) appendJSON(b []byte) (_ []byte, ok bool) {
+	a := d.Data
+	b = append(b, `{"data":{"id":`...)
+	b = appendJSONString(b, a.ID)
+	b = append(b, `,"type":`...)
+	b = appendJSONString(b, a.Type)
+	b = append(b, `,"sender":`...)
+	b = appendJSONString(b, a.Sender)
+	b = append(b, `,"text":`...)
+	b = appendJSONString(b, a.Text)
+	b = append(b, `,"attachments":`...)
+	if b, ok = appendCompactJSON(b, a.Attachments); !ok {
+		return b, false
+	}
+	b = append(b, `,"metadata":`...)
+	if b, ok = appendCompactJSON(b, a.Metadata); !ok {
+		return b, false
+	}
+	b = append(b, `,"seq":`...)
+	b = strconv.AppendInt(b, a.Seq, 10)
+	b = append(b, `,"conversation_id":`...)
+	b = appendJSONString(b, a.ConversationID)
+	b = append(b, `,"tenant_id":`...)
+	b = appendJSONString(b, a.TenantID)
+	b = append(b, `,"inserted_at":`...)
+	b = appendJSONString(b, a.InsertedAt)
+	return append(b, "}}"...), true
+}
+
+// appendCompactJSON appends raw without insignificant whitespace, or reports it invalid.
+func appendCompactJSON(b []byte, raw json.RawMessage) ([]byte, bool) {
+	buf := bytes.NewBuffer(b)
+	if err := json.Compact(buf, raw); err != nil {
+		return b, false
+	}
+	return buf.Bytes(), true
+}
+
+// appendJSONString appends s quoted as encoding/json quotes it without HTML escaping:
+// `"` and `\` escaped, control characters as \b \f \n \r \t or \u00XX, invalid UTF-8 as
+// \ufffd, and U+2028 and U+2029 escaped.
+func appendJSONString(b []byte, s string) []byte {
+	const hex = "0123456789abcdef"
+	b = append(b, '"')
+	start := 0
+	for i := 0; i < len(s); {
+		c := s[i]
+		if c < utf8.RuneSelf {
+			if c >= 0x20 && c != '"' && c != '\\' {
+				i++
+				continue
+			}
+			b = append(b, s[start:i]...)
+			switch c {
+			case '"', '\\':
+				b = append(b, '\\', c)
+			case '\b':
+				b = append(b, '\\', 'b')
+			case '\f':
+				b = append(b, '\\', 'f')
+			case '\n':
+				b = append(b, '\\', 'n')
+			case '\r':
+				b = append(b, '\\', 'r')
+			case '\t':
+				b = append(b, '\\', 't')
+			default:
+				b = append(b, '\\', 'u', '0', '0', hex[c>>4], hex[c&0xf])
+			}
+			i++
+			start = i
+			continue
+		}
+		r, size := utf8.DecodeRuneInString(s[i:])
+		switch {
+		case r == utf8.RuneError && size == 1:
+			b = append(b, s[start:i]...)
+			b = append(b, `\ufffd`...)
+		case r == '\u2028' || r == '\u2029':
+			b = append(b, s[start:i]...)
+			b = append(b, '\\', 'u', '2', '0', '2', hex[r&0xf])
+		default:
+			i += size
+			continue
+		}
+		i += size
+		start = i
+	}
+	b = append(b, s[start:]...)
+	return append(b, '"')
 }

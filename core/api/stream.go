@@ -198,7 +198,8 @@ func (l *Listener) Streams() int { return l.s.hub.subscribers() }
 
 // Run runs the API's background work until ctx ends: the cancellation of requests whose
 // client went away (watchInFlight), the tenants' CORS origins (cors.go, kept loaded and
-// followed through NOTIFY tenant_changes on the same connection as the stream), and the
+// followed through NOTIFY tenant_changes on the same connection as the stream, which
+// also empties the cache of API keys: apikeys.go), and the
 // stream's fan-out, which listens on a connection of its own taken out of the store's
 // pool. When that connection breaks it reconnects with backoff, and once listening again
 // every stream re-reads from its last seq, since notifications may have been missed. When
@@ -254,12 +255,15 @@ func (l *Listener) listenOnce(ctx context.Context) error {
 	// Whatever was created or changed while nobody listened is read now.
 	l.s.hub.resyncAll()
 	l.s.cors.reload()
+	l.s.apiKeys.reset(true)
+	defer l.s.apiKeys.reset(false)
 	for {
 		n, err := conn.WaitForNotification(ctx)
 		if err != nil {
 			return fmt.Errorf("waiting for notifications: %w", err)
 		}
 		if n.Channel == store.NotifyTenantChanges {
+			l.s.apiKeys.reset(true)
 			l.s.cors.reload()
 			continue
 		}

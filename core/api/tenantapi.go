@@ -278,14 +278,13 @@ func (s *server) tenantCreateActivity(c *fiber.Ctx) error {
 	if !ok {
 		return fail(c, apierror.NotFound, nil)
 	}
-	body := c.Body()
 	headerErrs := activity.FieldErrors{}
 	key := idempotencyKey(c, headerErrs)
-	client, errs := activity.FromBody(body)
+	client, sender, errs := activity.FromTenantBody(c.Body(), "user")
 	if errs := mergeErrors(headerErrs, errs); errs != nil {
 		return failValidation(c, errs)
 	}
-	sys := activity.System{TenantID: t.ID, ConversationID: id, Sender: activity.BodySender(body, "user"), IdempotencyKey: key}
+	sys := activity.System{TenantID: t.ID, ConversationID: id, Sender: sender, IdempotencyKey: key}
 	a, created, err := s.Store.CreateActivity(c.UserContext(), client, sys)
 	if err != nil {
 		return activityError(c, err, apierror.NotFound)
@@ -293,7 +292,14 @@ func (s *server) tenantCreateActivity(c *fiber.Ctx) error {
 	if created {
 		s.echo(c, a)
 	}
-	return c.Status(fiber.StatusCreated).JSON(fiber.Map{"data": tenantActivity(a)})
+	c.Status(fiber.StatusCreated)
+	answer := tenantActivityData{Data: tenantActivity(a)}
+	if body, ok := answer.appendJSON(make([]byte, 0, 384+len(a.Text)+len(a.Attachments)+len(a.Metadata))); ok {
+		c.Response().SetBodyRaw(body)
+		c.Response().Header.SetContentType(fiber.MIMEApplicationJSON)
+		return nil
+	}
+	return c.JSON(answer)
 }
 
 // GET /conversations/:id/activities?watermark=&limit=: the activities after the

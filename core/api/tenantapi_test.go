@@ -173,8 +173,12 @@ func TestTenantAPIRequiresAnAPIKey(t *testing.T) {
 		e.do("POST", "/api/v1/conversations", map[string]any{"channel_id": s.channelID}, h).errorCode(t, 401, "unauthorized")
 		e.do("POST", "/api/v1/tokens", map[string]any{"conversation_id": s.conv}, h).errorCode(t, 401, "unauthorized")
 	}
-	// A deactivated tenant's key no longer works.
+	// A deactivated tenant's key no longer works, once the change's notification has
+	// emptied the core's memory of keys (apikeys.go).
 	e.exec(`UPDATE tenants SET status = 'inactive' WHERE id = $1`, s.tenantID)
+	waitFor(t, "the deactivated tenant's key refused", func() bool {
+		return e.do("GET", "/api/v1/conversations/"+s.conv, nil, apiKey(s.key)).status == 401
+	})
 	e.do("GET", "/api/v1/conversations/"+s.conv, nil, apiKey(s.key)).errorCode(t, 401, "unauthorized")
 }
 

@@ -157,6 +157,14 @@ func TestOperatorRotateAPIKeyGrace(t *testing.T) {
 	if !valid(key1) || !valid(key2) {
 		t.Fatalf("within the grace both keys work: old %v new %v", valid(key1), valid(key2))
 	}
+	// Until when each key works without another change: the previous key until its
+	// grace ends, the current one without an end.
+	if _, until, err := e.st.TenantByAPIKeyUntil(e.ctx, key1); err != nil || !until.Equal(r1.PreviousExpiresAt) {
+		t.Fatalf("previous key until %v (%v), want %v", until, err, r1.PreviousExpiresAt)
+	}
+	if _, until, err := e.st.TenantByAPIKeyUntil(e.ctx, key2); err != nil || !until.IsZero() {
+		t.Fatalf("current key until %v (%v), want no end", until, err)
+	}
 	// The grace ends (moved into the past rather than waited for).
 	if _, err := e.pool.Exec(e.ctx, `UPDATE tenants SET previous_api_key_expires_at = now() - interval '1 second' WHERE id = $1`, ten.ID); err != nil {
 		t.Fatal(err)

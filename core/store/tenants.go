@@ -32,13 +32,28 @@ var ChannelTypes = []string{"echo", "webhook"}
 // TenantByAPIKey returns the active tenant of an API key: the current key, or the
 // previous one during its rotation grace.
 func (s *Store) TenantByAPIKey(ctx context.Context, key string) (Tenant, error) {
+	t, _, err := s.TenantByAPIKeyUntil(ctx, key)
+	return t, err
+}
+
+// TenantByAPIKeyUntil is TenantByAPIKey, and until when the key authenticates without
+// a change to the tenant: the end of its rotation grace for the previous key, the zero
+// time for the current one (valid until it is rotated or the tenant deactivated, which
+// NotifyTenantChanges announces).
+func (s *Store) TenantByAPIKeyUntil(ctx context.Context, key string) (Tenant, time.Time, error) {
 	var t Tenant
+	var until *time.Time
 	err := s.pool.QueryRow(ctx, `
-		SELECT id::text, name, status, api_key_prefix FROM tenants
+		SELECT id::text, name, status, api_key_prefix,
+		       CASE WHEN api_key_hash = $1 THEN NULL ELSE previous_api_key_expires_at END
+		FROM tenants
 		WHERE status = 'active' AND (api_key_hash = $1
 		   OR (previous_api_key_hash = $1 AND previous_api_key_expires_at > now()))`,
-		credentials.Hash(key)).Scan(&t.ID, &t.Name, &t.Status, &t.APIKeyPrefix)
-	return t, notFound(err)
+		credentials.Hash(key)).Scan(&t.ID, &t.Name, &t.Status, &t.APIKeyPrefix, &until)
+	if until == nil {
+		return t, time.Time{}, notFound(err)
+	}
+	return t, *until, notFound(err)
 }
 
 // TenantByName returns a tenant by name, case-insensitively.

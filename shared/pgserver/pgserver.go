@@ -92,6 +92,17 @@ func (s *Server) URL() string { return s.databaseURL("postgres") }
 // Dir is the data directory.
 func (s *Server) Dir() string { return s.dir }
 
+// Pid is the server's (the postmaster's) process id, 0 while it is stopped. The backends
+// and background processes are its children.
+func (s *Server) Pid() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.proc == nil {
+		return 0
+	}
+	return s.proc.cmd.Process.Pid
+}
+
 func (s *Server) databaseURL(name string) string {
 	u := url.URL{
 		Scheme:   "postgres",
