@@ -179,11 +179,14 @@ func TestMonitorFailed(t *testing.T) {
 			m := NewMonitor(ping, Options{Interval: time.Hour, OpenOnFailure: open, Logger: quiet})
 			ctx, cancel := context.WithCancel(context.Background())
 			defer cancel()
-			go m.Run(ctx)
+			// The failure before the monitor runs, so that its probe (which succeeds)
+			// cannot bring it up again before the failure's own effect is seen; the
+			// probe it asks for waits in poke.
 			m.Failed(errors.New("a slow query"))
 			if m.Up() == open {
 				t.Fatalf("up %v right after a failure", m.Up())
 			}
+			go m.Run(ctx)
 			waitFor(t, 2*time.Second, "a probe after the failure", func() bool { return m.Stats().Probes == 1 })
 			waitFor(t, 2*time.Second, "up", m.Up)
 			fail <- errors.New("refused")
