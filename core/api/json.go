@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"strconv"
 	"time"
-	"unicode/utf8"
 
 	"github.com/converger/edge/core/activity"
 	"github.com/converger/edge/core/store"
@@ -131,13 +130,13 @@ type directLineActivitySet struct {
 func (d tenantActivityData) appendJSON(b []byte) (_ []byte, ok bool) {
 	a := d.Data
 	b = append(b, `{"data":{"id":`...)
-	b = appendJSONString(b, a.ID)
+	b = apierror.AppendJSONString(b, a.ID)
 	b = append(b, `,"type":`...)
-	b = appendJSONString(b, a.Type)
+	b = apierror.AppendJSONString(b, a.Type)
 	b = append(b, `,"sender":`...)
-	b = appendJSONString(b, a.Sender)
+	b = apierror.AppendJSONString(b, a.Sender)
 	b = append(b, `,"text":`...)
-	b = appendJSONString(b, a.Text)
+	b = apierror.AppendJSONString(b, a.Text)
 	b = append(b, `,"attachments":`...)
 	if b, ok = appendCompactJSON(b, a.Attachments); !ok {
 		return b, false
@@ -149,11 +148,11 @@ func (d tenantActivityData) appendJSON(b []byte) (_ []byte, ok bool) {
 	b = append(b, `,"seq":`...)
 	b = strconv.AppendInt(b, a.Seq, 10)
 	b = append(b, `,"conversation_id":`...)
-	b = appendJSONString(b, a.ConversationID)
+	b = apierror.AppendJSONString(b, a.ConversationID)
 	b = append(b, `,"tenant_id":`...)
-	b = appendJSONString(b, a.TenantID)
+	b = apierror.AppendJSONString(b, a.TenantID)
 	b = append(b, `,"inserted_at":`...)
-	b = appendJSONString(b, a.InsertedAt)
+	b = apierror.AppendJSONString(b, a.InsertedAt)
 	return append(b, "}}"...), true
 }
 
@@ -164,58 +163,4 @@ func appendCompactJSON(b []byte, raw json.RawMessage) ([]byte, bool) {
 		return b, false
 	}
 	return buf.Bytes(), true
-}
-
-// appendJSONString appends s quoted as encoding/json quotes it without HTML escaping:
-// `"` and `\` escaped, control characters as \b \f \n \r \t or \u00XX, invalid UTF-8 as
-// \ufffd, and U+2028 and U+2029 escaped.
-func appendJSONString(b []byte, s string) []byte {
-	const hex = "0123456789abcdef"
-	b = append(b, '"')
-	start := 0
-	for i := 0; i < len(s); {
-		c := s[i]
-		if c < utf8.RuneSelf {
-			if c >= 0x20 && c != '"' && c != '\\' {
-				i++
-				continue
-			}
-			b = append(b, s[start:i]...)
-			switch c {
-			case '"', '\\':
-				b = append(b, '\\', c)
-			case '\b':
-				b = append(b, '\\', 'b')
-			case '\f':
-				b = append(b, '\\', 'f')
-			case '\n':
-				b = append(b, '\\', 'n')
-			case '\r':
-				b = append(b, '\\', 'r')
-			case '\t':
-				b = append(b, '\\', 't')
-			default:
-				b = append(b, '\\', 'u', '0', '0', hex[c>>4], hex[c&0xf])
-			}
-			i++
-			start = i
-			continue
-		}
-		r, size := utf8.DecodeRuneInString(s[i:])
-		switch {
-		case r == utf8.RuneError && size == 1:
-			b = append(b, s[start:i]...)
-			b = append(b, `\ufffd`...)
-		case r == '\u2028' || r == '\u2029':
-			b = append(b, s[start:i]...)
-			b = append(b, '\\', 'u', '2', '0', '2', hex[r&0xf])
-		default:
-			i += size
-			continue
-		}
-		i += size
-		start = i
-	}
-	b = append(b, s[start:]...)
-	return append(b, '"')
 }

@@ -9,23 +9,24 @@ import (
 // from reused buffers: details are none ({}) when nil. The bytes are Body's.
 func (e Error) AppendBody(b []byte, details *RateLimitDetails, requestID string) []byte {
 	b = append(b, `{"error":{"code":`...)
-	b = appendJSONString(b, e.Code)
+	b = AppendJSONString(b, e.Code)
 	b = append(b, `,"message":`...)
-	b = appendJSONString(b, e.Message)
+	b = AppendJSONString(b, e.Message)
 	b = append(b, `,"details":{`...)
 	if details != nil {
 		b = append(b, `"retry_after_ms":`...)
 		b = strconv.AppendInt(b, details.RetryAfterMS, 10)
 	}
 	b = append(b, `},"request_id":`...)
-	b = appendJSONString(b, requestID)
+	b = AppendJSONString(b, requestID)
 	return append(b, "}}"...)
 }
 
-// appendJSONString appends s as a JSON string, escaped as Marshal escapes it: quote,
-// backslash and control characters, invalid UTF-8 as U+FFFD, and U+2028 and U+2029;
-// "<", ">" and "&" as themselves.
-func appendJSONString(b []byte, s string) []byte {
+// AppendJSONString appends s as a JSON string, escaped as Marshal escapes it without
+// HTML escaping: quote, backslash and control characters, invalid UTF-8 as U+FFFD, and
+// U+2028 and U+2029; "<", ">" and "&" as themselves. The core's answers written without
+// encoding/json use it too.
+func AppendJSONString(b []byte, s string) []byte {
 	const hexDigits = "0123456789abcdef"
 	b = append(b, '"')
 	start := 0
