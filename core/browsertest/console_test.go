@@ -33,6 +33,16 @@ func TestConsole(t *testing.T) {
 	}
 	service.StartForTest(t, map[string]string{"SIDECAR_GRPC_ADDR": sidecarAddr, "DATABASE_URL": dbURL}, "",
 		service.Options{Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	// The core started first and found no sidecar: its gRPC connection retries with
+	// backoff, and until it is back the sign-in (a route that protects credentials) is
+	// refused with 503. Wait for a check to come through (publishable_token_ip is a
+	// budget nothing else here uses).
+	for deadline := time.Now().Add(15 * time.Second); post(t, c.base+"/api/v1/converger/tokens/publishable") == 503; {
+		if time.Now().After(deadline) {
+			t.Fatal("the core's checks still fail 15 s after the sidecar started")
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
 	out := c.command(t, "tenants", "create", "--name", "acme")
 	tenantID := regexp.MustCompile(`(?m)^\s*id:\s*(\S+)`).FindStringSubmatch(out)[1]
 	apiKey := regexp.MustCompile(`(?m)^\s*api key:\s*(\S+)`).FindStringSubmatch(out)[1]
