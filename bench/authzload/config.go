@@ -47,6 +47,10 @@ type Config struct {
 	// Proxies (http only) are the proxies measured with the check against without it:
 	// "caddy", "nginx", comma-separated; "" none.
 	Proxies string
+	// NoopServer (http only) is the no-op check's HTTP server: "net/http" (the
+	// standard library's, the baseline of the targets) or "fasthttp" (the server the
+	// sidecar's HTTP port runs, to see what the decision costs over it).
+	NoopServer string
 
 	// Args are the command-line arguments the configuration came from, for the report's
 	// command that reproduces the run.
@@ -77,6 +81,7 @@ func DefaultForwardAuthConfig() Config {
 	c.Interface = "http"
 	c.Out = "bench/results/forward-auth.md"
 	c.Proxies = "caddy,nginx"
+	c.NoopServer = "net/http"
 	c.Scenarios = false
 	return c
 }
@@ -111,6 +116,7 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.Float64Var(&c.Over, "over", c.Over, "share of the keys driven over their limit (0 to 0.5)")
 	if !c.grpc() {
 		fs.StringVar(&c.Proxies, "proxies", c.Proxies, "proxies measured with the check against without it, comma-separated (caddy, nginx); empty: none")
+		fs.StringVar(&c.NoopServer, "noop-server", c.NoopServer, "HTTP server of the no-op check: net/http (the baseline of the targets) or fasthttp (the sidecar's own server)")
 	}
 	c.Loop.RegisterFlags(fs, c.grpc())
 	if c.grpc() {
@@ -141,6 +147,7 @@ func (c Config) Validate() error {
 	for _, p := range c.ProxyList() {
 		check(c.Interface == "http" && (p == "caddy" || p == "nginx"), "-proxies: %q is not caddy or nginx", p)
 	}
+	check(c.grpc() || c.NoopServer == "net/http" || c.NoopServer == "fasthttp", "-noop-server %q: must be net/http or fasthttp", c.NoopServer)
 	check(c.Keys >= 100 && c.Keys <= 1_000_000, "-keys %d: must be from 100 to 1000000", c.Keys)
 	check(c.Mix || (c.grpc() && c.Scenarios), "-mix=false -scenarios=false: nothing to measure")
 	check(c.MixConns >= 1 && c.MixConns <= 256, "-mix-conns %d: must be from 1 to 256", c.MixConns)

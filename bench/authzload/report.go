@@ -236,7 +236,7 @@ func (r *Report) Markdown() string {
 	var b strings.Builder
 	c := r.Config
 	if c.Interface == "http" {
-		fmt.Fprintf(&b, "# Forward-auth load test: the sidecar's HTTP check against a no-op HTTP handler\n\n")
+		fmt.Fprintf(&b, "# Forward-auth load test: the sidecar's HTTP check against a no-op HTTP handler (%s)\n\n", c.NoopServer)
 	} else {
 		fmt.Fprintf(&b, "# Authorization load test: sidecar against a no-op server\n\n")
 	}
@@ -276,8 +276,9 @@ func (r *Report) Markdown() string {
 
 - Both targets are separate processes on loopback, started by the load test: `+"`bin/sidecar`"+` with a throwaway
   PostgreSQL (seeded with COPY), TOKEN_VERIFY_KEYS, TRUSTED_PROXIES=%s,127.0.0.1 (the load generator
-  plays the proxy) and LOG_LEVEL=warn; and `+"`bin/bench noop-forward-auth`"+`, a Go HTTP server with the
-  sidecar's HTTP server timeouts whose handler answers 200 with an empty body.
+  plays the proxy) and LOG_LEVEL=warn, whose HTTP port is a fasthttp server; and `+"`bin/bench noop-forward-auth -server %s`"+`,
+  an HTTP server (net/http: the standard library's; fasthttp: the sidecar's, set as the sidecar sets it) with
+  the sidecar's HTTP server timeouts, whose handler answers 200 with an empty body.
 - The checks are those of `+"`bench authz`"+`'s mix, as a proxy sends them: GET /check with X-Forwarded-Method,
   X-Forwarded-Uri, the request's headers without its body, and X-Forwarded-For with the load balancer (the
   CheckRequest's source) appended, so that the sidecar resolves the same clients. They are built before
@@ -291,7 +292,7 @@ func (r *Report) Markdown() string {
 - Throughput and p99 are the medians over rounds; the verdict compares them with the no-op's.
 - CPU per check is read from /proc for each target process around each measured phase.
 - The sidecar's limits are the built-in defaults; hot keys get one burst per pass over the body.
-`, TrustedProxies, c.Concurrency, r.loops(), c.Warmup, c.Duration, c.MaxRequests)
+`, TrustedProxies, c.NoopServer, c.Concurrency, r.loops(), c.Warmup, c.Duration, c.MaxRequests)
 		return b.String()
 	}
 	fmt.Fprintf(&b, `

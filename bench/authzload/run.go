@@ -32,11 +32,11 @@ func Run(ctx context.Context, cfg Config, stdout, stderr io.Writer) (rep *Report
 		return nil, err
 	}
 	rep = &Report{Config: cfg, Started: time.Now(), Machine: runinfo.Describe(ctx), LoadStart: runinfo.LoadAvg()}
-	noopCommand := "noop"
+	noopCommand, noopArgs := "noop", []string(nil)
 	if !cfg.grpc() {
-		noopCommand = "noop-forward-auth"
+		noopCommand, noopArgs = "noop-forward-auth", []string{"-server", cfg.NoopServer}
 	}
-	noop, noopAddr, err := procs.StartNoop(ctx, noopCommand, stderr)
+	noop, noopAddr, err := procs.StartNoop(ctx, noopCommand, stderr, noopArgs...)
 	if err != nil {
 		return nil, err
 	}

@@ -63,12 +63,22 @@ func TestServeAnswersOKAndStops(t *testing.T) {
 	}
 }
 
+// Both no-op HTTP checks, net/http's and fasthttp's, answer every method 200 with an
+// empty body, and stop when their context ends.
 func TestServeHTTPAllowsAndStops(t *testing.T) {
+	for name, serve := range map[string]func(context.Context, string, func(net.Addr)) error{
+		"net/http": ServeHTTP, "fasthttp": ServeFastHTTP,
+	} {
+		t.Run(name, func(t *testing.T) { testServeHTTP(t, serve) })
+	}
+}
+
+func testServeHTTP(t *testing.T, serve func(context.Context, string, func(net.Addr)) error) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	addrc := make(chan net.Addr, 1)
 	errc := make(chan error, 1)
-	go func() { errc <- ServeHTTP(ctx, "127.0.0.1:0", func(a net.Addr) { addrc <- a }) }()
+	go func() { errc <- serve(ctx, "127.0.0.1:0", func(a net.Addr) { addrc <- a }) }()
 	var addr net.Addr
 	select {
 	case addr = <-addrc:

@@ -44,10 +44,10 @@ func StartSidecar(ctx context.Context, bin string, env []string, log io.Writer) 
 	return nil, "", "", lastErr
 }
 
-// StartNoop starts `<this binary> <command>` on a free port and returns the address it
-// prints: command is noop (the no-op Envoy services, over gRPC) or noop-forward-auth (the
-// no-op HTTP check).
-func StartNoop(ctx context.Context, command string, log io.Writer) (*Proc, string, error) {
+// StartNoop starts `<this binary> <command> [args]` on a free port and returns the
+// address it prints: command is noop (the no-op Envoy services, over gRPC) or
+// noop-forward-auth (the no-op HTTP check).
+func StartNoop(ctx context.Context, command string, log io.Writer, args ...string) (*Proc, string, error) {
 	exe, err := os.Executable()
 	if err != nil {
 		return nil, "", fmt.Errorf("finding the bench binary: %w", err)
@@ -56,7 +56,7 @@ func StartNoop(ctx context.Context, command string, log io.Writer) (*Proc, strin
 	if err != nil {
 		return nil, "", err
 	}
-	cmd := exec.Command(exe, command, "-addr", "127.0.0.1:0")
+	cmd := exec.Command(exe, append([]string{command, "-addr", "127.0.0.1:0"}, args...)...)
 	cmd.Stdout = w
 	p, err := Start("no-op server", cmd, &TailWriter{Prefix: command + ": ", W: log})
 	w.Close()

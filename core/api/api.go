@@ -249,7 +249,7 @@ func (s *server) answerError(c *fiber.Ctx, err error) error {
 
 // The error answers of the core beyond the shared ones.
 var (
-	errPayloadTooLarge    = apierror.Error{Status: 413, Code: "payload_too_large", Message: "The request body is too large."}
+	errPayloadTooLarge    = apierror.PayloadTooLarge
 	errValidation         = apierror.Error{Status: 422, Code: "validation_failed", Message: "Some fields are invalid."}
 	errConversationClosed = apierror.Error{Status: 409, Code: "conversation_closed", Message: "The conversation is closed."}
 )

@@ -64,8 +64,8 @@ const (
 )
 
 var (
-	errHeadersTooLarge = apierror.Error{Status: 431, Code: "headers_too_large", Message: "The request headers are too large or too many."}
-	errRequestTimeout  = apierror.Error{Status: 408, Code: "request_timeout", Message: "The request was not received in time."}
+	errHeadersTooLarge = apierror.HeadersTooLarge
+	errRequestTimeout  = apierror.RequestTimeout
 	errMethod          = apierror.Error{Status: 405, Code: "method_not_allowed", Message: "Method not allowed."}
 	errCompressed      = apierror.Error{Status: 415, Code: "unsupported_media_type", Message: "Compressed request bodies are not accepted here; send the body uncompressed."}
 	errEncoding        = apierror.Error{Status: 415, Code: "unsupported_media_type", Message: "The content encoding is not supported; send the body uncompressed, or with gzip or deflate."}

@@ -25,6 +25,11 @@ var (
 	NotFound     = Error{404, "not_found", "Not found."}
 	RateLimited  = Error{429, "rate_limited", "Too many requests. Please try again later."}
 	Unavailable  = Error{503, "unavailable", "The service is unavailable. Please try again later."}
+
+	// The HTTP servers' own refusals, before a request reaches a handler.
+	RequestTimeout  = Error{408, "request_timeout", "The request was not received in time."}
+	PayloadTooLarge = Error{413, "payload_too_large", "The request body is too large."}
+	HeadersTooLarge = Error{431, "headers_too_large", "The request headers are too large or too many."}
 )
 
 // WithMessage returns e with another message.

@@ -160,16 +160,6 @@ const HeaderRequestID = "x-request-id"
 // requests itself need extract no others.
 var RequestHeaders = append(identity.Headers[:len(identity.Headers):len(identity.Headers)], HeaderRequestID)
 
-// Decide makes Check's decision on a request given by its parts, without waiting for a
-// turn among the Checks in flight, and records its latency as Check does. The HTTP
-// forward-auth check answers with it.
-func (s *Server) Decide(r Request) *authv3.CheckResponse {
-	start := time.Now()
-	v := s.decide(r)
-	s.metrics.ObserveCheck(time.Since(start))
-	return v.Response()
-}
-
 // Verdict is Check without the CheckResponse: it waits for a turn among the Checks in
 // flight within the budget of ctx (LimitInFlight), decides, and records the decision's
 // latency. A caller that writes the answer itself (sidecar/envoywire) asks it.

@@ -6,6 +6,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -17,6 +18,7 @@ import (
 
 	"github.com/converger/edge/core/migrations"
 	"github.com/converger/edge/shared/pgserver"
+	"github.com/converger/edge/sidecar/service"
 )
 
 // /readyz says "database":"down" within a second or two of an outage, a stopped and a
@@ -195,5 +197,62 @@ func TestHTTPPortHoldsUpUnderAConnectionFlood(t *testing.T) {
 		if !strings.Contains(m, want) || strings.Contains(m, want+"0\n") {
 			t.Errorf("metric %q missing or 0", want)
 		}
+	}
+}
+
+// What the HTTP port cannot read is refused with the envelope and a request id, fast,
+// and the port keeps serving: a malformed request, a body over its bound (also to the
+// forward-auth check, which reads none), a request that stops halfway.
+func TestHTTPPortRefusesWhatItCannotRead(t *testing.T) {
+	s := newStack(t, stackOptions{noDatabase: true, env: map[string]string{"TRUSTED_PROXIES": proxyAddr}})
+	addr := s.sc.HTTPAddr.String()
+	exchange := func(raw string) string {
+		t.Helper()
+		d := net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(proxyAddr)}, Timeout: 2 * time.Second}
+		c, err := d.Dial("tcp", addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		_ = c.SetDeadline(time.Now().Add(15 * time.Second))
+		if _, err := io.WriteString(c, raw); err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(c)
+		return string(b)
+	}
+	big := strconv.Itoa(service.MaxHTTPBodyBytes + 1)
+	for _, tc := range []struct{ name, raw, status, code string }{
+		{"garbage", "\x00\xff\xfe GARBAGE\r\n\r\n", "400", "bad_request"},
+		{"a body over the bound to /check", "POST /check HTTP/1.1\r\nHost: x\r\nX-Forwarded-Method: GET\r\nX-Forwarded-Uri: /\r\nContent-Length: " + big + "\r\n\r\n", "413", "payload_too_large"},
+		{"a body over the bound to /json", "POST /json HTTP/1.1\r\nHost: x\r\nContent-Length: " + big + "\r\n\r\n", "413", "payload_too_large"},
+		{"a bad content-length", "POST /check HTTP/1.1\r\nHost: x\r\nContent-Length: -5\r\n\r\n", "400", "bad_request"},
+	} {
+		start := time.Now()
+		got := exchange(tc.raw)
+		if !strings.HasPrefix(got, "HTTP/1.1 "+tc.status) || !strings.Contains(got, `"code":"`+tc.code+`"`) ||
+			!strings.Contains(strings.ToLower(got), "x-request-id: ") || !strings.Contains(strings.ToLower(got), "content-type: application/json") {
+			t.Errorf("%s: got %q, want %s %s with the envelope", tc.name, got, tc.status, tc.code)
+		}
+		if d := time.Since(start); d > 5*time.Second {
+			t.Errorf("%s: answered after %v", tc.name, d)
+		}
+	}
+	// Half a request, then nothing: the read timeout (10 s) ends it with a 408.
+	if testing.Short() {
+		return
+	}
+	start := time.Now()
+	got := exchange("GET /check HTTP/1.1\r\nHost: x\r\nX-Forwa")
+	if !strings.HasPrefix(got, "HTTP/1.1 408") || !strings.Contains(got, `"code":"request_timeout"`) {
+		t.Errorf("half a request: got %q after %v, want 408 request_timeout", got, time.Since(start))
+	}
+	resp, err := http.Get("http://" + addr + "/healthz")
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != 200 {
+		t.Fatalf("after the refusals /healthz answers %d", resp.StatusCode)
 	}
 }

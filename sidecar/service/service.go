@@ -6,7 +6,6 @@ package service
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
 	"net"
@@ -18,6 +17,7 @@ import (
 	authv3 "github.com/envoyproxy/go-control-plane/envoy/service/auth/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/valyala/fasthttp"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
@@ -55,7 +55,7 @@ type Sidecar struct {
 	log      *slog.Logger
 	grpc     *grpc.Server
 	health   *health.Server
-	http     *http.Server
+	http     *fasthttp.Server
 	pool     *pgxpool.Pool
 	dir      *tenants.Directory
 	cancel   context.CancelFunc
@@ -193,31 +193,15 @@ func Start(cfg *config.Config, o Options) (*Sidecar, error) {
 	s.GRPCAddr, s.HTTPAddr = gl.Addr(), hl.Addr()
 	mux := http.NewServeMux()
 	mux.Handle("/", ops.Handler(s.Metrics.Registry, s.readiness, s.debugCounter))
-	mux.Handle(forwardauth.Path, forwardauth.New(az.Decide, cfg.TrustedProxies, log, s.Metrics.Registry))
 	mux.HandleFunc(rlsapi.JSONPath, rlsAPI.JSON)
-	s.http = &http.Server{
-		Handler:           mux,
-		ReadHeaderTimeout: 5 * time.Second,
-		ReadTimeout:       10 * time.Second,
-		WriteTimeout:      30 * time.Second,
-		IdleTimeout:       2 * time.Minute,
-		MaxHeaderBytes:    MaxHTTPHeaderBytes,
-		ConnState: func(c net.Conn, state http.ConnState) {
-			switch state {
-			case http.StateIdle:
-				hl.SetIdle(c)
-			case http.StateActive:
-				hl.SetActive(c)
-			}
-		},
-	}
+	s.http = s.httpServer(hl, forwardauth.New(az.Verdict, cfg.TrustedProxies, log, s.Metrics.Registry), mux)
 	s.wg.Go(func() {
 		if err := s.grpc.Serve(gl); err != nil {
 			s.errc <- fmt.Errorf("gRPC server: %w", err)
 		}
 	})
 	s.wg.Go(func() {
-		if err := s.http.Serve(hl); err != nil && !errors.Is(err, http.ErrServerClosed) {
+		if err := s.http.Serve(hl); err != nil {
 			s.errc <- fmt.Errorf("HTTP server: %w", err)
 		}
 	})
@@ -231,30 +215,6 @@ func Start(cfg *config.Config, o Options) (*Sidecar, error) {
 		"backend", cfg.Backend, "database", cfg.DatabaseURL != "", "routes", len(table.Routes()))
 	ok = true
 	return s, nil
-}
-
-// MaxHTTPHeaderBytes bounds the request line and headers on the HTTP port (net/http
-// answers 431 beyond it).
-const MaxHTTPHeaderBytes = 16 << 10
-
-// httpListener bounds the HTTP port's connections: failed accepts are retried, the
-// connections capped in total (SIDECAR_HTTP_MAX_CONNS, else from the open-files limit)
-// and per client address (SIDECAR_HTTP_MAX_CONNS_PER_IP; the TRUSTED_PROXIES, such as a
-// proxy asking for forward-auth, are exempt), with their counts in the metrics.
-func (s *Sidecar) httpListener(raw net.Listener, cfg *config.Config, openFiles uint64) *netlimit.Listener {
-	maxConns := cfg.HTTPMaxConns
-	if maxConns == 0 {
-		maxConns = netlimit.DefaultMaxConns(openFiles)
-	}
-	ln := netlimit.Wrap(raw, netlimit.Options{MaxConns: maxConns, MaxConnsPerIP: cfg.HTTPMaxConnsPerIP,
-		Exempt: cfg.TrustedProxies.Trusted, Refuse: netlimit.RefuseHTTP, Logger: s.log, Name: "SIDECAR_HTTP_ADDR"})
-	s.Metrics.GaugeFunc("converger_sidecar_http_connections", "Open connections of the HTTP port.",
-		func() float64 { return float64(ln.Stats().Open) })
-	s.Metrics.CounterFunc("converger_sidecar_http_connections_refused_total", "Connections of the HTTP port refused at its caps.",
-		func() float64 { st := ln.Stats(); return float64(st.RefusedTotal + st.RefusedPerIP) })
-	s.Metrics.CounterFunc("converger_sidecar_http_accept_errors_total", "Failed accepts of the HTTP port, each retried.",
-		func() float64 { return float64(ln.Stats().AcceptErrors) })
-	return ln
 }
 
 // GRPCServerOptions are the options of the sidecar's gRPC server: Envoy's keepalive
@@ -321,7 +281,7 @@ func (s *Sidecar) Stop() {
 		}
 		if s.http != nil {
 			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-			_ = s.http.Shutdown(ctx)
+			_ = s.http.ShutdownWithContext(ctx)
 			cancel()
 		}
 		if s.Cluster != nil {

@@ -228,17 +228,32 @@ func runRLS(ctx context.Context, name string, args []string) int {
 }
 
 func runNoop(ctx context.Context, name string, args []string) int {
-	return serveNoop(ctx, name, args, noop.Serve)
+	return serveNoop(ctx, name, args, nil, noop.Serve)
 }
 
 func runNoopForwardAuth(ctx context.Context, name string, args []string) int {
-	return serveNoop(ctx, name, args, noop.ServeHTTP)
+	var server string
+	return serveNoop(ctx, name, args, func(fs *flag.FlagSet) {
+		fs.StringVar(&server, "server", "net/http", "HTTP server: net/http or fasthttp")
+	}, func(ctx context.Context, addr string, ready func(net.Addr)) error {
+		switch server {
+		case "net/http":
+			return noop.ServeHTTP(ctx, addr, ready)
+		case "fasthttp":
+			return noop.ServeFastHTTP(ctx, addr, ready)
+		}
+		return fmt.Errorf("-server %q: must be net/http or fasthttp", server)
+	})
 }
 
-// serveNoop parses a no-op server's flags and runs it until ctx ends.
-func serveNoop(ctx context.Context, name string, args []string, serve func(context.Context, string, func(net.Addr)) error) int {
+// serveNoop parses a no-op server's flags (those of flags beyond -addr) and runs it
+// until ctx ends.
+func serveNoop(ctx context.Context, name string, args []string, flags func(*flag.FlagSet), serve func(context.Context, string, func(net.Addr)) error) int {
 	fs := flag.NewFlagSet("bench "+name, flag.ContinueOnError)
 	addr := fs.String("addr", "127.0.0.1:0", "listen address; port 0 picks a free one, printed on stdout")
+	if flags != nil {
+		flags(fs)
+	}
 	if code, done := parse(fs, args); done {
 		return code
 	}
