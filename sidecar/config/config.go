@@ -54,6 +54,10 @@ type Config struct {
 	// (SIDECAR_HTTP_MAX_CONNS; 0: from the open-files limit) and per client address but
 	// the TRUSTED_PROXIES (SIDECAR_HTTP_MAX_CONNS_PER_IP; 0: none).
 	HTTPMaxConns, HTTPMaxConnsPerIP int
+	// GCHeadroomMB is the garbage, in MiB, the collector lets the sidecar allocate
+	// between two collections at least (SIDECAR_GC_HEADROOM_MB; 0: Go's own pacing;
+	// GOGC in the environment overrides it), see shared/gctune.
+	GCHeadroomMB int
 
 	// From RATE_LIMIT_CONFIG.
 	Limits        map[string]buckets.Limit // installation-wide limits by bucket
@@ -86,6 +90,7 @@ type Cluster struct {
 // Defaults.
 const (
 	DefaultMaxChecksInFlight = 256 // as authz.DefaultMaxInFlight
+	DefaultGCHeadroomMB      = 128
 
 	DefaultGRPCAddr = "127.0.0.1:8081"
 	DefaultHTTPAddr = "127.0.0.1:8082"
@@ -108,6 +113,7 @@ func Load(getenv func(string) string) (*Config, error) {
 
 		MaxChecksInFlight: DefaultMaxChecksInFlight,
 		HTTPMaxConnsPerIP: 512,
+		GCHeadroomMB:      DefaultGCHeadroomMB,
 	}
 	for _, v := range []struct{ name, val string }{{"SIDECAR_GRPC_ADDR", c.GRPCAddr}, {"SIDECAR_HTTP_ADDR", c.HTTPAddr}} {
 		if err := checkAddr(v.val); err != nil {
@@ -151,6 +157,7 @@ func Load(getenv func(string) string) (*Config, error) {
 		{"SIDECAR_MAX_CHECKS_IN_FLIGHT", &c.MaxChecksInFlight, 1},
 		{"SIDECAR_HTTP_MAX_CONNS", &c.HTTPMaxConns, 1},
 		{"SIDECAR_HTTP_MAX_CONNS_PER_IP", &c.HTTPMaxConnsPerIP, 0},
+		{"SIDECAR_GC_HEADROOM_MB", &c.GCHeadroomMB, 0},
 	} {
 		if v := strings.TrimSpace(getenv(n.name)); v != "" {
 			i, err := strconv.Atoi(v)

@@ -57,6 +57,7 @@ func TestDefaults(t *testing.T) {
 		{"MaxChecksInFlight", c.MaxChecksInFlight, 256},
 		{"HTTPMaxConns", c.HTTPMaxConns, 0},
 		{"HTTPMaxConnsPerIP", c.HTTPMaxConnsPerIP, 512},
+		{"GCHeadroomMB", c.GCHeadroomMB, 128},
 	} {
 		if f.got != f.want {
 			t.Errorf("%s = %v, want %v", f.name, f.got, f.want)
