@@ -1220,7 +1220,12 @@ func TestClusterLiveViewIsMerged(t *testing.T) {
 	ctx := func() (context.Context, context.CancelFunc) {
 		return context.WithTimeout(context.Background(), 5*time.Second)
 	}
-	// Every node reports its minutes every 5 s; the test may straddle a minute.
+	// Every node reports its minutes every 5 s; the test may straddle a minute. The 7
+	// checks are all decisions in n3's view; share mode may have refused one of n2's
+	// (a node new to a key gets only headroom until the busy one's report makes room),
+	// which is then a denial and not in the key's count; n1's 4, alone with the key
+	// then, are allowed.
+	var allowed uint64
 	eventually(t, 15*time.Second, "n3's minute counts hold n1's and n2's checks", func() (bool, string) {
 		c, cancel := ctx()
 		defer cancel()
@@ -1228,15 +1233,17 @@ func TestClusterLiveViewIsMerged(t *testing.T) {
 		if err != nil {
 			return false, err.Error()
 		}
-		var allowed uint64
+		var denied uint64
+		allowed = 0
 		for _, b := range tr.GetBuckets() {
 			if b.GetBucket() == "token_create" {
 				for _, m := range b.GetMinutes() {
 					allowed += m.GetAllowed()
+					denied += m.GetDenied()
 				}
 			}
 		}
-		return tr.GetNodes() == 3 && allowed == 7, fmt.Sprintf("%d nodes, %d allowed: %v", tr.GetNodes(), allowed, tr)
+		return tr.GetNodes() == 3 && allowed+denied == 7 && allowed >= 4, fmt.Sprintf("%d nodes, %d allowed, %d denied: %v", tr.GetNodes(), allowed, denied, tr)
 	})
 	eventually(t, 5*time.Second, "the key counted on n1 and n2 is among n3's busiest", func() (bool, string) {
 		c, cancel := ctx()
@@ -1247,7 +1254,7 @@ func TestClusterLiveViewIsMerged(t *testing.T) {
 		}
 		keys := b.GetBuckets()
 		return len(keys) == 1 && len(keys[0].GetKeys()) == 1 && keys[0].GetKeys()[0].GetKey() == "token_create:ip:"+ip &&
-			keys[0].GetKeys()[0].GetCount() == 7 && keys[0].GetKeys()[0].GetLimit() == 10, fmt.Sprintf("%v", b)
+			keys[0].GetKeys()[0].GetCount() == allowed && keys[0].GetKeys()[0].GetLimit() == 10, fmt.Sprintf("want a count of %d: %v", allowed, b)
 	})
 	c, cancel := ctx()
 	defer cancel()
