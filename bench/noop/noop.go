@@ -105,10 +105,6 @@ func Serve(ctx context.Context, addr string, ready func(net.Addr)) error {
 // ServeFastHTTP is ServeHTTP with the server of the sidecar's HTTP port, fasthttp, set
 // as the sidecar sets it: what a check costs over its transport.
 func ServeFastHTTP(ctx context.Context, addr string, ready func(net.Addr)) error {
-	l, err := net.Listen("tcp", addr)
-	if err != nil {
-		return fmt.Errorf("noop-forward-auth: %w", err)
-	}
 	s := &fasthttp.Server{
 		Handler:               func(ctx *fasthttp.RequestCtx) { ctx.SetStatusCode(fasthttp.StatusOK) },
 		ReadTimeout:           10 * time.Second,
@@ -118,24 +114,9 @@ func ServeFastHTTP(ctx context.Context, addr string, ready func(net.Addr)) error
 		MaxRequestBodySize:    service.MaxHTTPBodyBytes,
 		NoDefaultServerHeader: true,
 		NoDefaultContentType:  true,
+		ReduceMemoryUsage:     true,
 	}
-	errc := make(chan error, 1)
-	go func() { errc <- s.Serve(l) }()
-	if ready != nil {
-		ready(l.Addr())
-	}
-	select {
-	case err := <-errc:
-		return fmt.Errorf("noop-forward-auth: %w", err)
-	case <-ctx.Done():
-	}
-	shut, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	_ = s.ShutdownWithContext(shut)
-	if err := <-errc; err != nil {
-		return fmt.Errorf("noop-forward-auth: %w", err)
-	}
-	return nil
+	return serveHTTP(ctx, addr, ready, s.Serve, s.ShutdownWithContext)
 }
 
 // ServeHTTP listens on addr (port 0 picks a free one), calls ready with the address
@@ -143,10 +124,6 @@ func ServeFastHTTP(ctx context.Context, addr string, ready func(net.Addr)) error
 // allows a forward-auth check, until ctx ends. Its server has the timeouts of the
 // sidecar's HTTP server.
 func ServeHTTP(ctx context.Context, addr string, ready func(net.Addr)) error {
-	l, err := net.Listen("tcp", addr)
-	if err != nil {
-		return fmt.Errorf("noop-forward-auth: %w", err)
-	}
 	s := &http.Server{
 		Handler:           http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusOK) }),
 		ReadHeaderTimeout: 5 * time.Second,
@@ -154,8 +131,18 @@ func ServeHTTP(ctx context.Context, addr string, ready func(net.Addr)) error {
 		WriteTimeout:      30 * time.Second,
 		IdleTimeout:       2 * time.Minute,
 	}
+	return serveHTTP(ctx, addr, ready, s.Serve, s.Shutdown)
+}
+
+// serveHTTP runs an HTTP server's serve on a listener of addr until ctx ends, then
+// shuts it down within 5 s.
+func serveHTTP(ctx context.Context, addr string, ready func(net.Addr), serve func(net.Listener) error, shutdown func(context.Context) error) error {
+	l, err := net.Listen("tcp", addr)
+	if err != nil {
+		return fmt.Errorf("noop-forward-auth: %w", err)
+	}
 	errc := make(chan error, 1)
-	go func() { errc <- s.Serve(l) }()
+	go func() { errc <- serve(l) }()
 	if ready != nil {
 		ready(l.Addr())
 	}
@@ -166,7 +153,7 @@ func ServeHTTP(ctx context.Context, addr string, ready func(net.Addr)) error {
 	}
 	shut, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	_ = s.Shutdown(shut)
+	_ = shutdown(shut)
 	if err := <-errc; err != nil && !errors.Is(err, http.ErrServerClosed) {
 		return fmt.Errorf("noop-forward-auth: %w", err)
 	}
