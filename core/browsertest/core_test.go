@@ -5,6 +5,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/base64"
+	"fmt"
 	"net"
 	"net/http"
 	"os"
@@ -149,27 +150,47 @@ func startCore(t *testing.T, a admin, extra ...string) *core {
 	if err != nil {
 		t.Fatal(err)
 	}
-	addr := freeAddr(t)
-	c := &core{base: "http://" + addr, bin: bin, stderr: &tail{max: 64 << 10}, done: make(chan struct{})}
-
-	for _, kv := range os.Environ() {
-		if !hasAnyPrefix(kv, coreVars) {
-			c.env = append(c.env, kv)
+	encryptionKey := credentials.GenerateEncryptionKey()
+	// The port was free a moment ago; another process may take it before the core
+	// binds it, so a core that cannot bind is started again on another.
+	for attempt := 1; ; attempt++ {
+		addr := freeAddr(t)
+		c := &core{base: "http://" + addr, bin: bin, stderr: &tail{max: 64 << 10}, done: make(chan struct{})}
+		for _, kv := range os.Environ() {
+			if !hasAnyPrefix(kv, coreVars) {
+				c.env = append(c.env, kv)
+			}
 		}
+		c.env = append(c.env,
+			"CORE_ADDR="+addr,
+			"CORE_OPS_ADDR=127.0.0.1:0",
+			"PUBLIC_URL="+c.base,
+			"DATABASE_URL="+dbURL,
+			"TOKEN_SIGNING_KEY="+signingKey,
+			"ENCRYPTION_KEY="+encryptionKey,
+			"ADMIN_EMAIL="+a.email,
+			"ADMIN_PASSWORD="+a.password,
+			"LOG_FORMAT=text",
+		)
+		c.env = append(c.env, extra...)
+		c.start(t)
+		err := c.waitReady()
+		if err == nil {
+			return c
+		}
+		if attempt < 3 && strings.Contains(c.stderr.String(), "address already in use") {
+			t.Logf("%v; starting it again on another port", err)
+			continue
+		}
+		t.Fatal(err)
 	}
-	c.env = append(c.env,
-		"CORE_ADDR="+addr,
-		"CORE_OPS_ADDR=127.0.0.1:0",
-		"PUBLIC_URL="+c.base,
-		"DATABASE_URL="+dbURL,
-		"TOKEN_SIGNING_KEY="+signingKey,
-		"ENCRYPTION_KEY="+credentials.GenerateEncryptionKey(),
-		"ADMIN_EMAIL="+a.email,
-		"ADMIN_PASSWORD="+a.password,
-		"LOG_FORMAT=text",
-	)
-	c.env = append(c.env, extra...)
-	cmd := exec.Command(bin, "serve")
+}
+
+// start starts `core serve` with c's environment; the process is killed when the test
+// ends.
+func (c *core) start(t *testing.T) {
+	t.Helper()
+	cmd := exec.Command(c.bin, "serve")
 	cmd.Env = c.env
 	cmd.Stdout = c.stderr
 	cmd.Stderr = c.stderr
@@ -207,8 +228,6 @@ func startCore(t *testing.T, a admin, extra ...string) *core {
 			t.Logf("core serve output (last %d bytes):\n%s", c.stderr.max, c.stderr.String())
 		}
 	})
-	c.waitReady(t)
-	return c
 }
 
 // command runs one of the core's management commands (`core tenants create …`) on the
@@ -229,23 +248,22 @@ func (c *core) command(t *testing.T, args ...string) string {
 
 // waitReady polls the login page until the core answers HTTP at all (any status), the
 // process exits or readyTimeout passes.
-func (c *core) waitReady(t *testing.T) {
-	t.Helper()
+func (c *core) waitReady() error {
 	client := &http.Client{Timeout: 2 * time.Second}
 	deadline := time.Now().Add(readyTimeout)
 	for {
 		resp, err := client.Get(c.base + "/admin/login")
 		if err == nil {
 			resp.Body.Close()
-			return
+			return nil
 		}
 		select {
 		case <-c.done:
-			t.Fatalf("core serve exited before it answered: %v\n%s", c.err, c.stderr.String())
+			return fmt.Errorf("core serve exited before it answered: %v\n%s", c.err, c.stderr.String())
 		case <-time.After(100 * time.Millisecond):
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("core serve did not answer at %s within %v: %v", c.base, readyTimeout, err)
+			return fmt.Errorf("core serve did not answer at %s within %v: %v", c.base, readyTimeout, err)
 		}
 	}
 }
