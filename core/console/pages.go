@@ -2,14 +2,11 @@ package console
 
 import (
 	"bytes"
-	"crypto/sha256"
 	"embed"
-	"encoding/base64"
 	"errors"
 	"fmt"
 	"html/template"
 	"net/url"
-	"regexp"
 	"strconv"
 	"strings"
 	"time"
@@ -74,19 +71,8 @@ func (c *Console) parseTemplates() error {
 	if err != nil {
 		return err
 	}
-	c.csp = contentSecurityPolicy(layout)
+	c.csp = login.ContentSecurityPolicy(layout)
 	return nil
-}
-
-// contentSecurityPolicy allows nothing but the layout's inline style (by its hash) and
-// forms posting to the core itself: no script, no external resource.
-func contentSecurityPolicy(layout []byte) string {
-	style := ""
-	if m := regexp.MustCompile(`(?s)<style>(.*?)</style>`).FindSubmatch(layout); m != nil {
-		sum := sha256.Sum256(m[1])
-		style = "; style-src 'sha256-" + base64.StdEncoding.EncodeToString(sum[:]) + "'"
-	}
-	return "default-src 'none'" + style + "; img-src data:; form-action 'self'; frame-ancestors 'none'; base-uri 'none'"
 }
 
 func (c *Console) registerPages(r fiber.Router) {
@@ -99,17 +85,9 @@ func (c *Console) registerPages(r fiber.Router) {
 	r.Get("/admin/limits", append(mw, c.livePage)...)
 }
 
-// pageHeaders sets the security headers of every page: no caching (pages hold CSRF
-// tokens, addresses and emails), no framing, no scripts.
+// pageHeaders sets the security headers of every page, as the login pages have them.
 func (c *Console) pageHeaders(ctx *fiber.Ctx) error {
-	h := &ctx.Response().Header
-	h.Set("Cache-Control", "no-store")
-	h.Set("Pragma", "no-cache")
-	h.Set("Content-Security-Policy", c.csp)
-	h.Set("X-Frame-Options", "DENY")
-	h.Set("X-Content-Type-Options", "nosniff")
-	h.Set("Referrer-Policy", "no-referrer")
-	h.Set("Cross-Origin-Opener-Policy", "same-origin")
+	login.SetPageHeaders(&ctx.Response().Header, c.csp)
 	return ctx.Next()
 }
 

@@ -197,7 +197,7 @@ func New(o Options) (*Pages, error) {
 		views:     views,
 		dummyHash: dummy,
 		secure:    strings.HasPrefix(o.PublicURL, "https://"),
-		csp:       contentSecurityPolicy(layout),
+		csp:       ContentSecurityPolicy(layout),
 		outbox:    make(chan func(), outboxSize),
 		done:      make(chan struct{}),
 	}
@@ -276,9 +276,10 @@ func under(path, prefix string) bool {
 		(len(path) == len(prefix) || path[len(prefix)] == '/')
 }
 
-// contentSecurityPolicy allows nothing but the layout's inline style (by its hash),
-// data: images (the TOTP QR code) and forms posting to the core itself.
-func contentSecurityPolicy(layout []byte) string {
+// ContentSecurityPolicy is the policy of pages rendered from layout: it allows nothing
+// but the layout's inline style (by its hash), data: images (the TOTP QR code) and
+// forms posting to the core itself.
+func ContentSecurityPolicy(layout []byte) string {
 	style := ""
 	if m := regexp.MustCompile(`(?s)<style>(.*?)</style>`).FindSubmatch(layout); m != nil {
 		sum := sha256.Sum256(m[1])
@@ -287,21 +288,25 @@ func contentSecurityPolicy(layout []byte) string {
 	return "default-src 'none'" + style + "; img-src data:; form-action 'self'; frame-ancestors 'none'; base-uri 'none'"
 }
 
-// headers sets the security headers of every page: no caching (pages hold secrets and
-// CSRF tokens), no framing, no scripts.
+// SetPageHeaders sets the security headers of a server-rendered page (these and the
+// console's): no caching (pages hold secrets, CSRF tokens, addresses and emails), no
+// framing, no scripts (csp, from ContentSecurityPolicy).
+func SetPageHeaders(h *fasthttp.ResponseHeader, csp string) {
+	h.Set("Cache-Control", "no-store")
+	h.Set("Pragma", "no-cache")
+	h.Set("Content-Security-Policy", csp)
+	h.Set("X-Frame-Options", "DENY")
+	h.Set("X-Content-Type-Options", "nosniff")
+	h.Set("Referrer-Policy", "no-referrer")
+	h.Set("Cross-Origin-Opener-Policy", "same-origin")
+}
+
+// headers sets the page headers on every page of the realm.
 func (p *Pages) headers(rl realm) fiber.Handler {
 	return func(c *fiber.Ctx) error {
-		if !under(c.Path(), rl.prefix) {
-			return c.Next()
+		if under(c.Path(), rl.prefix) {
+			SetPageHeaders(&c.Response().Header, p.csp)
 		}
-		h := &c.Response().Header
-		h.Set("Cache-Control", "no-store")
-		h.Set("Pragma", "no-cache")
-		h.Set("Content-Security-Policy", p.csp)
-		h.Set("X-Frame-Options", "DENY")
-		h.Set("X-Content-Type-Options", "nosniff")
-		h.Set("Referrer-Policy", "no-referrer")
-		h.Set("Cross-Origin-Opener-Policy", "same-origin")
 		return c.Next()
 	}
 }

@@ -12,6 +12,7 @@ package traffic
 import (
 	"math"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -247,15 +248,7 @@ func (r *Recorder) Traffic() ([]BucketTraffic, int) {
 	for _, bt := range byName {
 		out = append(out, *bt)
 	}
-	slices.SortFunc(out, func(a, b BucketTraffic) int {
-		switch {
-		case a.Bucket < b.Bucket:
-			return -1
-		case a.Bucket > b.Bucket:
-			return 1
-		}
-		return 0
-	})
+	slices.SortFunc(out, func(a, b BucketTraffic) int { return strings.Compare(a.Bucket, b.Bucket) })
 	return out, nodes
 }
 
@@ -413,14 +406,6 @@ func (r *Recorder) Busiest(n int, want func(bucket string) bool) []BucketBusiest
 		})
 		out = append(out, BucketBusiest{Bucket: name, Keys: slices.Clip(keys[:min(n, len(keys))])})
 	}
-	slices.SortFunc(out, func(a, b BucketBusiest) int {
-		switch {
-		case a.Bucket < b.Bucket:
-			return -1
-		case a.Bucket > b.Bucket:
-			return 1
-		}
-		return 0
-	})
+	slices.SortFunc(out, func(a, b BucketBusiest) int { return strings.Compare(a.Bucket, b.Bucket) })
 	return out
 }
