@@ -37,6 +37,7 @@ import (
 	"github.com/converger/edge/core/migrations"
 	"github.com/converger/edge/core/passwords"
 	"github.com/converger/edge/core/store"
+	"github.com/converger/edge/docs/openapi"
 	"github.com/converger/edge/shared/clientip"
 	"github.com/converger/edge/shared/limiterclient"
 	"github.com/converger/edge/shared/netlimit"
@@ -45,7 +46,11 @@ import (
 	"github.com/converger/edge/sidecar/service"
 )
 
-func TestMain(m *testing.M) { os.Exit(pgserver.RunTests(m)) }
+// TestMain checks every exchange of the tests with the admin API against its OpenAPI
+// document (docs/openapi).
+func TestMain(m *testing.M) {
+	os.Exit(openapi.CheckDefaultTransport(func() int { return pgserver.RunTests(m) }, openapi.AdminAPI))
+}
 
 // cheap are argon2id parameters that keep the tests fast.
 var cheap = passwords.Params{Memory: 64, Time: 1, Threads: 1}
