@@ -1,0 +1,380 @@
+package deploy
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"sort"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"sigs.k8s.io/yaml"
+
+	"github.com/converger/edge/shared/debpkg"
+)
+
+// The Prometheus configuration of deploy/prometheus and the Grafana dashboard of
+// deploy/grafana, checked with Debian's prometheus package (the server and promtool):
+// here the files themselves, in prometheus_e2e_test.go against the running programs.
+
+const (
+	prometheusDir = "prometheus"
+	dashboardFile = "grafana/converger.json"
+)
+
+// The jobs the rules select, as every shipped scrape configuration names them.
+var prometheusJobs = []string{"converger-sidecar", "converger-core", "envoy"}
+
+// Where Debian's prometheus package installs its binaries.
+var (
+	prometheusBinary = "/usr/bin/prometheus"
+	promtoolBinary   = "/usr/bin/promtool"
+)
+
+var (
+	prometheusOnce sync.Once
+	prometheusErr  error
+)
+
+// requirePrometheus returns once Prometheus and promtool are installed: it installs
+// Debian's prometheus package when they are missing and the tests run as root (as CI
+// does), and skips the test otherwise.
+func requirePrometheus(t *testing.T) {
+	t.Helper()
+	installed := func() bool { return debpkg.IsExecutable(prometheusBinary) && debpkg.IsExecutable(promtoolBinary) }
+	if installed() {
+		return
+	}
+	if !debpkg.CanInstall() {
+		t.Skipf("SKIP: the Prometheus tests need %s and %s: install Debian's prometheus package "+
+			"(apt-get install prometheus), or run the tests as root, which installs it", prometheusBinary, promtoolBinary)
+	}
+	prometheusOnce.Do(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
+		defer cancel()
+		prometheusErr = debpkg.Install(ctx, t.Logf, "prometheus")
+	})
+	if prometheusErr != nil {
+		t.Fatal(prometheusErr)
+	}
+	if !installed() {
+		t.Fatalf("installed the prometheus package, but %s or %s is still missing", prometheusBinary, promtoolBinary)
+	}
+}
+
+func promtool(t *testing.T, args ...string) string {
+	t.Helper()
+	cmd := exec.Command(promtoolBinary, args...)
+	cmd.Dir = prometheusDir
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Errorf("promtool %s: %v\n%s", strings.Join(args, " "), err, out)
+	}
+	return string(out)
+}
+
+// ruleGroups is the part of a rule file the checks read.
+type ruleGroups struct {
+	Groups []struct {
+		Name  string `json:"name"`
+		Rules []rule `json:"rules"`
+	} `json:"groups"`
+}
+
+type rule struct {
+	Record      string            `json:"record"`
+	Alert       string            `json:"alert"`
+	Expr        string            `json:"expr"`
+	For         string            `json:"for"`
+	Labels      map[string]string `json:"labels"`
+	Annotations map[string]string `json:"annotations"`
+}
+
+func readRules(t *testing.T, name string) []rule {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join(prometheusDir, name))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var g ruleGroups
+	if err := yaml.Unmarshal(b, &g); err != nil {
+		t.Fatalf("%s: %v", name, err)
+	}
+	var out []rule
+	for _, grp := range g.Groups {
+		out = append(out, grp.Rules...)
+	}
+	if len(out) == 0 {
+		t.Fatalf("%s has no rules", name)
+	}
+	return out
+}
+
+// scrapeConfig is the part of a Prometheus configuration the checks read.
+type scrapeConfig struct {
+	RuleFiles     []string `json:"rule_files"`
+	ScrapeConfigs []struct {
+		JobName       string `json:"job_name"`
+		MetricsPath   string `json:"metrics_path"`
+		StaticConfigs []struct {
+			Targets []string `json:"targets"`
+		} `json:"static_configs"`
+	} `json:"scrape_configs"`
+}
+
+func readScrapeConfig(t *testing.T, name string) scrapeConfig {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join(prometheusDir, name))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var c scrapeConfig
+	if err := yaml.Unmarshal(b, &c); err != nil {
+		t.Fatalf("%s: %v", name, err)
+	}
+	return c
+}
+
+// TestPrometheusRules: promtool accepts the configurations and the rule files, the unit
+// tests of the alerts pass, every alert has a test that it fires and one that it does
+// not, a severity, a summary and a runbook line in docs/operations.md, and every shipped
+// scrape configuration names the jobs the rules select.
+func TestPrometheusRules(t *testing.T) {
+	requirePrometheus(t)
+	for _, c := range []string{"prometheus.yml", "prometheus-hosts.yml"} {
+		promtool(t, "check", "config", c) // also checks the rule files it names
+	}
+	promtool(t, "check", "rules", "rules.yml", "alerts.yml")
+	if out := promtool(t, "test", "rules", "tests.yml"); !strings.Contains(out, "SUCCESS") {
+		t.Errorf("promtool test rules: no SUCCESS in\n%s", out)
+	}
+
+	alerts := readRules(t, "alerts.yml")
+	fires, quiet := alertTestCases(t)
+	runbook := alertRunbook(t)
+	var names []string
+	for _, a := range alerts {
+		if a.Alert == "" {
+			t.Errorf("alerts.yml: a rule without an alert name: %+v", a)
+			continue
+		}
+		names = append(names, a.Alert)
+		if !fires[a.Alert] {
+			t.Errorf("%s: tests.yml has no case where it fires", a.Alert)
+		}
+		if !quiet[a.Alert] {
+			t.Errorf("%s: tests.yml has no case where it does not fire", a.Alert)
+		}
+		if s := a.Labels["severity"]; s != "critical" && s != "warning" && s != "info" {
+			t.Errorf("%s: severity %q, want critical, warning or info", a.Alert, s)
+		}
+		if a.Annotations["summary"] == "" || a.Annotations["runbook"] != "docs/operations.md#alerts" {
+			t.Errorf("%s: want a summary and runbook: docs/operations.md#alerts, got %v", a.Alert, a.Annotations)
+		}
+		if runbook[a.Alert] == "" {
+			t.Errorf("%s: no runbook line in docs/operations.md's Alerts table", a.Alert)
+		}
+	}
+	for name := range runbook {
+		if !slices.Contains(names, name) {
+			t.Errorf("docs/operations.md's Alerts table lists %s, which alerts.yml does not have", name)
+		}
+	}
+	for name := range fires {
+		if !slices.Contains(names, name) {
+			t.Errorf("tests.yml tests %s, which alerts.yml does not have", name)
+		}
+	}
+
+	// Every job a rule selects is one the scrape configurations have, with the same rule files.
+	jobRe := regexp.MustCompile(`job=~?"([^"]+)"`)
+	for _, file := range []string{"rules.yml", "alerts.yml"} {
+		for _, r := range readRules(t, file) {
+			for _, m := range jobRe.FindAllStringSubmatch(r.Expr, -1) {
+				for _, job := range strings.Split(m[1], "|") {
+					if !slices.Contains(prometheusJobs, job) {
+						t.Errorf("%s: %s%s selects the job %q, which no scrape configuration has", file, r.Record, r.Alert, job)
+					}
+				}
+			}
+		}
+	}
+	for _, name := range []string{"prometheus.yml", "prometheus-hosts.yml"} {
+		c := readScrapeConfig(t, name)
+		var jobs []string
+		for _, sc := range c.ScrapeConfigs {
+			jobs = append(jobs, sc.JobName)
+			if (sc.JobName == "envoy") != (sc.MetricsPath == "/stats/prometheus") {
+				t.Errorf("%s: job %s has metrics_path %q (Envoy's is /stats/prometheus, ours the default /metrics)", name, sc.JobName, sc.MetricsPath)
+			}
+		}
+		sort.Strings(jobs)
+		want := slices.Clone(prometheusJobs)
+		sort.Strings(want)
+		if !slices.Equal(jobs, want) {
+			t.Errorf("%s: jobs %v, want %v", name, jobs, want)
+		}
+		if !slices.Equal(c.RuleFiles, []string{"rules.yml", "alerts.yml"}) {
+			t.Errorf("%s: rule_files %v, want [rules.yml alerts.yml]", name, c.RuleFiles)
+		}
+	}
+}
+
+// alertTestCases reads tests.yml: the alerts with a case where they fire, and those with
+// a case where they do not.
+func alertTestCases(t *testing.T) (fires, quiet map[string]bool) {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join(prometheusDir, "tests.yml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var f struct {
+		RuleFiles []string `json:"rule_files"`
+		Tests     []struct {
+			AlertRuleTest []struct {
+				Alertname string `json:"alertname"`
+				ExpAlerts []any  `json:"exp_alerts"`
+			} `json:"alert_rule_test"`
+		} `json:"tests"`
+	}
+	if err := yaml.Unmarshal(b, &f); err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(f.RuleFiles, []string{"alerts.yml"}) {
+		t.Errorf("tests.yml: rule_files %v, want [alerts.yml]", f.RuleFiles)
+	}
+	fires, quiet = map[string]bool{}, map[string]bool{}
+	for _, tc := range f.Tests {
+		for _, a := range tc.AlertRuleTest {
+			if len(a.ExpAlerts) > 0 {
+				fires[a.Alertname] = true
+			} else {
+				quiet[a.Alertname] = true
+			}
+		}
+	}
+	return fires, quiet
+}
+
+// alertRunbook reads the Alerts table of docs/operations.md: alert name -> its line.
+func alertRunbook(t *testing.T) map[string]string {
+	t.Helper()
+	b, err := os.ReadFile("../docs/operations.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, section, ok := strings.Cut(string(b), "\n### Alerts\n")
+	if !ok {
+		t.Fatal(`docs/operations.md has no "### Alerts" section`)
+	}
+	if i := strings.Index(section, "\n#"); i >= 0 {
+		section = section[:i]
+	}
+	out := map[string]string{}
+	row := regexp.MustCompile("(?m)^\\| `(Converger[A-Za-z0-9]+)` \\|(.*)$")
+	for _, m := range row.FindAllStringSubmatch(section, -1) {
+		if strings.Count(m[2], "|") < 2 {
+			t.Errorf("docs/operations.md: the runbook line of %s wants what it means and what to do: %q", m[1], m[0])
+		}
+		out[m[1]] = m[2]
+	}
+	if len(out) == 0 {
+		t.Fatal("docs/operations.md's Alerts section has no table rows")
+	}
+	return out
+}
+
+// TestPrometheusDashboard: the dashboard is importable as it is (a datasource variable,
+// no input to fill in, unique panel ids), and every query is plain PromQL the end-to-end
+// test can run as written.
+func TestPrometheusDashboard(t *testing.T) {
+	d := readDashboard(t)
+	if d.UID == "" || d.Title == "" {
+		t.Errorf("dashboard: uid %q, title %q", d.UID, d.Title)
+	}
+	if len(d.Templating.List) != 1 || d.Templating.List[0].Type != "datasource" || d.Templating.List[0].Query != "prometheus" {
+		t.Errorf("dashboard: want one variable, a Prometheus datasource; got %+v", d.Templating.List)
+	}
+	ids := map[int]bool{}
+	queries := 0
+	for _, p := range d.Panels {
+		if ids[p.ID] {
+			t.Errorf("panel %q: id %d used twice", p.Title, p.ID)
+		}
+		ids[p.ID] = true
+		if p.Type == "row" {
+			continue
+		}
+		if p.Datasource.UID != "${datasource}" || len(p.Targets) == 0 {
+			t.Errorf("panel %q: datasource %+v, %d queries; want ${datasource} and at least one query", p.Title, p.Datasource, len(p.Targets))
+		}
+		for _, q := range p.Targets {
+			queries++
+			if q.Datasource.UID != "${datasource}" || q.Expr == "" || q.RefID == "" {
+				t.Errorf("panel %q: query %+v", p.Title, q)
+			}
+			if strings.Contains(q.Expr, "$") {
+				t.Errorf("panel %q: query %q has a variable: the test could not run it as written", p.Title, q.Expr)
+			}
+		}
+	}
+	if queries < 20 {
+		t.Errorf("the dashboard has %d queries", queries)
+	}
+}
+
+// dashboard is the part of a Grafana dashboard the checks read.
+type dashboard struct {
+	UID        string `json:"uid"`
+	Title      string `json:"title"`
+	Templating struct {
+		List []struct {
+			Name, Type, Query string
+		} `json:"list"`
+	} `json:"templating"`
+	Panels []struct {
+		ID         int    `json:"id"`
+		Type       string `json:"type"`
+		Title      string `json:"title"`
+		Datasource struct {
+			Type, UID string
+		} `json:"datasource"`
+		Targets []struct {
+			Datasource struct {
+				Type, UID string
+			} `json:"datasource"`
+			Expr  string `json:"expr"`
+			RefID string `json:"refId"`
+		} `json:"targets"`
+	} `json:"panels"`
+}
+
+func readDashboard(t *testing.T) dashboard {
+	t.Helper()
+	b, err := os.ReadFile(dashboardFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var d dashboard
+	if err := yaml.Unmarshal(b, &d); err != nil { // JSON is YAML
+		t.Fatalf("%s: %v", dashboardFile, err)
+	}
+	return d
+}
+
+// dashboardQueries are the dashboard's queries, each with its panel's title.
+func dashboardQueries(t *testing.T) [][2]string {
+	var out [][2]string
+	for _, p := range readDashboard(t).Panels {
+		for _, q := range p.Targets {
+			out = append(out, [2]string{fmt.Sprintf("panel %q", p.Title), q.Expr})
+		}
+	}
+	return out
+}
