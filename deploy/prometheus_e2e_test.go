@@ -462,10 +462,10 @@ func TestPromSelectors(t *testing.T) {
 	for expr, want := range map[string][]string{
 		`up{job="converger-sidecar"} == 0`: {`up{job="converger-sidecar"}`},
 		`sum by (instance, le) (rate(x_bucket{le="0.25", a=~"b|c"}[5m] offset 1m)) / on () group_left () count(up == 1)`: {`x_bucket{le="0.25", a=~"b|c"}`, `up`},
-		`histogram_quantile(0.99, sum(rate(a:b:c[5m])) without (pod))`:                                                    {`a:b:c`},
-		`label_replace(rate(m[5m]), "status_class", "${1}xx", "status", "([0-9])..") or vector(0) and bool 1e3`:            {`m`},
-		`{__name__="x", job="y"} unless absent(z{a="}"})`:                                                                  {`{__name__="x", job="y"}`, `z{a="}"}`},
-		"sum(rate(a[5m]))\n  or sum by (instance) (b) * 0": {`a`, `b`},
+		`histogram_quantile(0.99, sum(rate(a:b:c[5m])) without (pod))`:                                                   {`a:b:c`},
+		`label_replace(rate(m[5m]), "status_class", "${1}xx", "status", "([0-9])..") or vector(0) and bool 1e3`:          {`m`},
+		`{__name__="x", job="y"} unless absent(z{a="}"})`:                                                                {`{__name__="x", job="y"}`, `z{a="}"}`},
+		"sum(rate(a[5m]))\n  or sum by (instance) (b) * 0":                                                               {`a`, `b`},
 	} {
 		if got := promSelectors(expr); strings.Join(got, " ; ") != strings.Join(want, " ; ") {
 			t.Errorf("promSelectors(%q) = %q, want %q", expr, got, want)
