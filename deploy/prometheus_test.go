@@ -177,8 +177,10 @@ func TestPrometheusRules(t *testing.T) {
 		if a.Annotations["summary"] == "" || a.Annotations["runbook"] != "docs/operations.md#alerts" {
 			t.Errorf("%s: want a summary and runbook: docs/operations.md#alerts, got %v", a.Alert, a.Annotations)
 		}
-		if runbook[a.Alert] == "" {
+		if sev, ok := runbook[a.Alert]; !ok {
 			t.Errorf("%s: no runbook line in docs/operations.md's Alerts table", a.Alert)
+		} else if sev != a.Labels["severity"] {
+			t.Errorf("%s: docs/operations.md says [%s], alerts.yml severity %s", a.Alert, sev, a.Labels["severity"])
 		}
 	}
 	for name := range runbook {
@@ -262,7 +264,7 @@ func alertTestCases(t *testing.T) (fires, quiet map[string]bool) {
 	return fires, quiet
 }
 
-// alertRunbook reads the Alerts table of docs/operations.md: alert name -> its line.
+// alertRunbook reads the Alerts table of docs/operations.md: alert name -> the severity it gives.
 func alertRunbook(t *testing.T) map[string]string {
 	t.Helper()
 	b, err := os.ReadFile("../docs/operations.md")
@@ -277,12 +279,12 @@ func alertRunbook(t *testing.T) map[string]string {
 		section = section[:i]
 	}
 	out := map[string]string{}
-	row := regexp.MustCompile("(?m)^\\| `(Converger[A-Za-z0-9]+)` \\|(.*)$")
+	row := regexp.MustCompile("(?m)^\\| `(Converger[A-Za-z0-9]+)` \\[([a-z]+)\\] \\|(.*)$")
 	for _, m := range row.FindAllStringSubmatch(section, -1) {
-		if strings.Count(m[2], "|") < 2 {
+		if strings.Count(m[3], "|") < 2 {
 			t.Errorf("docs/operations.md: the runbook line of %s wants what it means and what to do: %q", m[1], m[0])
 		}
-		out[m[1]] = m[2]
+		out[m[1]] = m[2] // its severity
 	}
 	if len(out) == 0 {
 		t.Fatal("docs/operations.md's Alerts section has no table rows")
