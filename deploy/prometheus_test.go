@@ -3,19 +3,24 @@ package deploy
 import (
 	"context"
 	"fmt"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
 	"slices"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/yaml"
 
+	"github.com/converger/edge/envoy"
 	"github.com/converger/edge/shared/debpkg"
 )
 
@@ -379,4 +384,134 @@ func dashboardQueries(t *testing.T) [][2]string {
 		}
 	}
 	return out
+}
+
+// podMonitor is the part of the Prometheus Operator's PodMonitor that
+// deploy/kubernetes/podmonitor.yaml uses (decoded strictly: another field is an error).
+type podMonitor struct {
+	metav1.TypeMeta   `json:",inline"`
+	metav1.ObjectMeta `json:"metadata"`
+	Spec              struct {
+		Selector            metav1.LabelSelector `json:"selector"`
+		PodMetricsEndpoints []struct {
+			Port        string `json:"port"`
+			Path        string `json:"path"`
+			Relabelings []struct {
+				TargetLabel string `json:"targetLabel"`
+				Replacement string `json:"replacement"`
+				Action      string `json:"action"`
+			} `json:"relabelings"`
+		} `json:"podMetricsEndpoints"`
+	} `json:"spec"`
+}
+
+// TestPrometheusPodMonitor: the PodMonitor selects the Deployment's pods and scrapes the
+// sidecar's, the core's and Envoy's named ports under the jobs the rules select, each on
+// the path its program serves, and the NetworkPolicy lets the monitoring namespace reach
+// them.
+func TestPrometheusPodMonitor(t *testing.T) {
+	files, _ := readKubernetesFiles(t)
+	m, err := decodeManifests(files)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(m.podMonitors) != 1 || len(m.deployments) != 1 {
+		t.Fatalf("%d PodMonitors, %d Deployments; want one each", len(m.podMonitors), len(m.deployments))
+	}
+	pm, d := m.podMonitors[0], m.deployments[0]
+	if !selects(&pm.Spec.Selector, d.Spec.Template.Labels) {
+		t.Errorf("the PodMonitor's selector %v does not select the Deployment's pods %v", pm.Spec.Selector.MatchLabels, d.Spec.Template.Labels)
+	}
+	monitored := map[int32]bool{}
+	for _, pol := range m.policies {
+		if !selects(&pol.Spec.PodSelector, d.Spec.Template.Labels) {
+			continue
+		}
+		for _, r := range pol.Spec.Ingress {
+			for _, peer := range r.From {
+				if peer.NamespaceSelector != nil && peer.NamespaceSelector.MatchLabels["kubernetes.io/metadata.name"] == "monitoring" {
+					for _, p := range r.Ports {
+						monitored[p.Port.IntVal] = true
+					}
+				}
+			}
+		}
+	}
+	// The program behind each named port, and the path it serves its metrics on.
+	want := map[string]struct{ job, path string }{
+		"sidecar": {"converger-sidecar", "/metrics"}, "core": {"converger-core", "/metrics"}, "envoy": {"envoy", "/stats/prometheus"},
+	}
+	var jobs []string
+	for _, e := range pm.Spec.PodMetricsEndpoints {
+		var port *corev1.ContainerPort
+		var container string
+		for _, c := range d.Spec.Template.Spec.Containers {
+			for i := range c.Ports {
+				if c.Ports[i].Name == e.Port {
+					port, container = &c.Ports[i], c.Name
+				}
+			}
+		}
+		if port == nil {
+			t.Errorf("PodMonitor endpoint %q: no container of the Deployment has a port of that name", e.Port)
+			continue
+		}
+		job := ""
+		for _, r := range e.Relabelings {
+			if r.TargetLabel == "job" && (r.Action == "" || r.Action == "replace") {
+				job = r.Replacement
+			}
+		}
+		jobs = append(jobs, job)
+		if w := want[container]; job != w.job || e.Path != w.path {
+			t.Errorf("PodMonitor endpoint %q (container %s): job %q, path %q; want %q, %q", e.Port, container, job, e.Path, w.job, w.path)
+		}
+		if !monitored[port.ContainerPort] {
+			t.Errorf("PodMonitor endpoint %q: the NetworkPolicy does not let the monitoring namespace reach port %d", e.Port, port.ContainerPort)
+		}
+	}
+	sort.Strings(jobs)
+	all := slices.Clone(prometheusJobs)
+	sort.Strings(all)
+	if !slices.Equal(jobs, all) {
+		t.Errorf("the PodMonitor's jobs %v, want %v", jobs, all)
+	}
+}
+
+// TestPrometheusEnvoyTargets: the envoy job's port and path, in every shipped scrape
+// configuration, are routed to Envoy's admin interface by both bootstraps (the admin
+// itself listens on loopback only), and the rest of that listener stays closed.
+func TestPrometheusEnvoyTargets(t *testing.T) {
+	for _, name := range []string{"prometheus.yml", "prometheus-hosts.yml"} {
+		for _, sc := range readScrapeConfig(t, name).ScrapeConfigs {
+			if sc.JobName != "envoy" {
+				continue
+			}
+			for _, st := range sc.StaticConfigs {
+				for _, target := range st.Targets {
+					_, port, err := net.SplitHostPort(target)
+					if err != nil {
+						t.Fatalf("%s: target %q: %v", name, target, err)
+					}
+					p, _ := strconv.Atoi(port)
+					for _, bootstrap := range []string{"envoy.yaml", "envoy-ratelimit.yaml"} {
+						bs, err := envoy.ReadBootstrap(filepath.Join("..", "envoy", bootstrap))
+						if err != nil {
+							t.Fatal(err)
+						}
+						m, ok, err := envoy.RouteRequest(bs, uint32(p), "GET", "prometheus", sc.MetricsPath)
+						if err != nil || !ok || m.Cluster != "envoy_admin" {
+							t.Errorf("%s: GET %s on port %d (%s's envoy job) is not routed to the admin: %+v, %v, %v", bootstrap, sc.MetricsPath, p, name, m, ok, err)
+						}
+						if m, ok, _ := envoy.RouteRequest(bs, uint32(p), "GET", "prometheus", "/stats"); ok && m.Cluster != "" {
+							t.Errorf("%s: GET /stats on port %d reaches %s: only /ready and %s may", bootstrap, p, m.Cluster, sc.MetricsPath)
+						}
+						if m, ok, _ := envoy.RouteRequest(bs, uint32(p), "POST", "prometheus", sc.MetricsPath); ok && m.Cluster != "" {
+							t.Errorf("%s: POST %s on port %d reaches %s", bootstrap, sc.MetricsPath, p, m.Cluster)
+						}
+					}
+				}
+			}
+		}
+	}
 }
