@@ -42,6 +42,7 @@ var absentHere = map[string]string{
 // panel names a metric or a label value that the programs do not export.
 func TestPrometheusEndToEnd(t *testing.T) {
 	requirePrometheus(t)
+	start := time.Now()
 	bins := buildBinaries(t)
 	dbURL := pgserver.NewTestDatabase(t, migrations.Up)
 	dir := t.TempDir()
@@ -115,6 +116,7 @@ func TestPrometheusEndToEnd(t *testing.T) {
 	}})
 	prom := &promAPI{base: "http://" + promAddr, client: &http.Client{Timeout: 10 * time.Second}}
 
+	t.Logf("%v: binaries built, programs and Prometheus started", time.Since(start).Round(time.Millisecond))
 	// Every target scraped once before the traffic, so that its increase shows in rates.
 	waitFor(t, 60*time.Second, "every target up", func() error {
 		n, err := prom.count(`up == 1`)
@@ -124,6 +126,7 @@ func TestPrometheusEndToEnd(t *testing.T) {
 		return err
 	})
 
+	t.Logf("%v: every target up", time.Since(start).Round(time.Millisecond))
 	// Traffic: through the core (each request checked by s1, so s1 counts them and syncs
 	// them to s2), 12 token requests from one address where 10 a minute are allowed (a
 	// denial), the rate limit service's /json on s1, and checks on s2 whose API key it
@@ -225,6 +228,7 @@ func TestPrometheusEndToEnd(t *testing.T) {
 	for _, m := range missing {
 		t.Errorf("no series: %s", m)
 	}
+	t.Logf("%v: %d queries answered", time.Since(start).Round(time.Millisecond), len(queries))
 
 	// Every alert's whole expression evaluates; the sidecar without its database is the one
 	// the database alert's condition finds, and nothing else is alerting.
