@@ -199,6 +199,83 @@ func TestPrometheusRules(t *testing.T) {
 		}
 	}
 
+	// The unit tests can fail: with an alert's condition replaced by one that never holds,
+	// its tests fail and name it. One promtool run tests a copy per alert, with that
+	// alert's tests only.
+	alertsFile, err := os.ReadFile(filepath.Join(prometheusDir, "alerts.yml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	testsFile, err := os.ReadFile(filepath.Join(prometheusDir, "tests.yml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	mutants := t.TempDir()
+	var args []string
+	for _, name := range names {
+		var doc map[string]any
+		if err := yaml.Unmarshal(alertsFile, &doc); err != nil {
+			t.Fatal(err)
+		}
+		for _, g := range doc["groups"].([]any) {
+			for _, r := range g.(map[string]any)["rules"].([]any) {
+				if r := r.(map[string]any); r["alert"] == name {
+					r["expr"] = "vector(0) > 1"
+				}
+			}
+		}
+		broken, err := yaml.Marshal(doc)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var tests map[string]any
+		if err := yaml.Unmarshal(testsFile, &tests); err != nil {
+			t.Fatal(err)
+		}
+		var own []any
+		for _, tc := range tests["tests"].([]any) {
+			for _, a := range tc.(map[string]any)["alert_rule_test"].([]any) {
+				if a.(map[string]any)["alertname"] == name {
+					own = append(own, tc)
+					break
+				}
+			}
+		}
+		tests["tests"] = own
+		ownTests, err := yaml.Marshal(tests)
+		if err != nil {
+			t.Fatal(err)
+		}
+		dir := filepath.Join(mutants, name)
+		if err := os.Mkdir(dir, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(dir, "alerts.yml"), broken, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(dir, "tests.yml"), ownTests, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		args = append(args, filepath.Join(name, "tests.yml"))
+	}
+	cmd := exec.Command(promtoolBinary, append([]string{"test", "rules"}, args...)...)
+	cmd.Dir = mutants
+	out, err := cmd.CombinedOutput()
+	if err == nil {
+		t.Errorf("promtool test rules passes with every alert made never to fire in turn:\n%s", out)
+	}
+	results := map[string]string{} // alert -> what promtool said of its copy
+	for _, part := range strings.Split(string(out), "Unit Testing:")[1:] {
+		name := strings.TrimSpace(part)
+		name = name[:max(strings.IndexByte(name, '/'), 0)]
+		results[name] = part
+	}
+	for _, name := range names {
+		if r := results[name]; !strings.Contains(r, "FAILED") || !strings.Contains(r, "alertname: "+name) {
+			t.Errorf("%s made never to fire: its tests do not fail on it:\n%s", name, r)
+		}
+	}
+
 	// Every job a rule selects is one the scrape configurations have, with the same rule files.
 	jobRe := regexp.MustCompile(`job=~?"([^"]+)"`)
 	for _, file := range []string{"rules.yml", "alerts.yml"} {
