@@ -208,7 +208,7 @@ func TestPrometheusEndToEnd(t *testing.T) {
 	}
 
 	var missing []string
-	waitFor(t, 30*time.Second, "every rule, alert selector and panel query answered", func() error {
+	waitFor(t, 45*time.Second, "every rule, alert selector and panel query answered", func() error {
 		missing = missing[:0]
 		for _, q := range queries {
 			if absentHere[q.expr] != "" || onlyEnvoy(q.expr) {
