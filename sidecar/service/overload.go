@@ -2,8 +2,6 @@ package service
 
 import (
 	"context"
-	"os"
-	"strconv"
 	"time"
 
 	"google.golang.org/grpc"
@@ -17,7 +15,8 @@ import (
 // a Check or ShouldRateLimit that arrives with less than envoywire.MinBudget to its
 // deadline is refused as its headers are read (before a goroutine, a read of its message
 // or a decision), and the ones that waited in the server until their deadline was that
-// close are refused by envoywire before they are decoded.
+// close are refused by envoywire before they are decoded; and each connection carries at
+// most MaxStreamsPerConn calls at once.
 func overloadOptions(m *metrics.Metrics) []grpc.ServerOption {
 	shed := m.Shed()
 	opts := []grpc.ServerOption{grpc.InTapHandle(func(ctx context.Context, info *tap.Info) (context.Context, error) {
@@ -30,8 +29,12 @@ func overloadOptions(m *metrics.Metrics) []grpc.ServerOption {
 		}
 		return ctx, nil
 	})}
-	if n, err := strconv.Atoi(os.Getenv("EXPERIMENT_MAX_STREAMS")); err == nil && n > 0 {
-		opts = append(opts, grpc.MaxConcurrentStreams(uint32(n)))
-	}
-	return opts
+	return append(opts, grpc.MaxConcurrentStreams(MaxStreamsPerConn))
 }
+
+// MaxStreamsPerConn bounds the calls in flight on one connection to the gRPC server
+// (HTTP/2 SETTINGS_MAX_CONCURRENT_STREAMS): a client past it waits on its side, where
+// its own deadline applies, instead of piling work into the sidecar. 1,024 Checks are
+// about 40 ms of one CPU at bench authz's capacity, well inside Envoy's 250 ms, and
+// above the 512 in flight that the shipped Envoy configs' circuit breakers allow.
+const MaxStreamsPerConn = 1024
