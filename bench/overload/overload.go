@@ -42,11 +42,12 @@ type Config struct {
 	Conns    int
 	// Concurrency is the closed loop's that measures the capacity.
 	Concurrency int
-	// MaxOutstanding bounds the generator's checks in flight or waiting, as Envoy's
-	// circuit breakers (max_requests + max_pending_requests) bound them: a check beyond
-	// it fails at once in the generator (overflow), as Envoy's overflow does. 0: no
-	// bound but the deadline, an attacker's or a proxy without circuit breakers.
-	MaxOutstanding int
+	// Queue bounds the generator's checks in flight or waiting to what the capacity
+	// answers in that time, as the shipped Envoy configs' circuit breakers
+	// (max_requests + max_pending_requests ≈ capacity × 20 ms) bound them: a check
+	// beyond it fails at once in the generator (overflow), as Envoy's overflow does.
+	// 0: no bound but the deadline, a client without circuit breakers.
+	Queue time.Duration
 	SidecarCPU     int
 	GeneratorCPU   int
 	Out            string
@@ -79,7 +80,7 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.DurationVar(&c.Duration, "overload-duration", c.Duration, "measured time of each load")
 	fs.IntVar(&c.Conns, "overload-conns", c.Conns, "gRPC connections to the sidecar (Envoy opens one per worker thread)")
 	fs.IntVar(&c.Concurrency, "overload-concurrency", c.Concurrency, "closed-loop callers of the capacity measurement")
-	fs.IntVar(&c.MaxOutstanding, "overload-max-outstanding", c.MaxOutstanding, "checks in flight or waiting in the generator beyond which a check fails at once, as Envoy's circuit breakers; 0: none")
+	fs.DurationVar(&c.Queue, "overload-queue", c.Queue, "bound the generator's outstanding checks to the capacity × this, as Envoy's circuit breakers (the shipped configs: about 20ms); beyond it a check fails at once; 0: no bound")
 	fs.IntVar(&c.SidecarCPU, "overload-sidecar-cpu", c.SidecarCPU, "CPU the sidecar is pinned to (taskset)")
 	fs.IntVar(&c.GeneratorCPU, "overload-generator-cpu", c.GeneratorCPU, "CPU the load generator is pinned to (taskset)")
 	fs.StringVar(&c.Out, "overload-out", c.Out, "markdown report of the overload mode; empty: none")
@@ -102,7 +103,7 @@ func (c Config) Check() []error {
 	check(c.Duration >= 500*time.Millisecond && c.Duration <= time.Minute, "-overload-duration %v: 500ms to 1m", c.Duration)
 	check(c.Conns >= 1 && c.Conns <= 64, "-overload-conns %d: 1 to 64", c.Conns)
 	check(c.Concurrency >= 1 && c.Concurrency <= 4096, "-overload-concurrency %d: 1 to 4096", c.Concurrency)
-	check(c.MaxOutstanding >= 0 && c.MaxOutstanding <= 1_000_000, "-overload-max-outstanding %d: 0 to 1000000", c.MaxOutstanding)
+	check(c.Queue >= 0 && c.Queue <= c.Deadline, "-overload-queue %v: 0 to the deadline", c.Queue)
 	check(c.SidecarCPU >= 0 && c.GeneratorCPU >= 0 && c.SidecarCPU != c.GeneratorCPU, "-overload-sidecar-cpu and -overload-generator-cpu: two different CPUs")
 	return errs
 }
@@ -133,7 +134,9 @@ type Step struct {
 	Shed     int64 // fast answers of overload (503), before the deadline
 	Refused  int64 // refused unread by the sidecar (ResourceExhausted)
 	Missed   int64 // deadline exceeded
-	// Overflow are the checks the generator failed at once (MaxOutstanding).
+	// Bound is the generator's bound on outstanding checks (Queue × capacity).
+	Bound int64
+	// Overflow are the checks the generator failed at once (Queue).
 	Overflow int64
 	Errors   int64 // any other failure
 	P99      time.Duration
@@ -219,7 +222,7 @@ func runOne(ctx context.Context, cfg Config, svc Service, res Result, logf func(
 		res.Capacity = max(res.Capacity, capacity)
 		logf("%s (%s) on CPU %d: capacity %.0f checks/s closed loop (%d callers, %d connections)", res.Name, res.Bin, cfg.SidecarCPU, capacity, cfg.Concurrency, cfg.Conns)
 		before := scrapeShed(ctx, httpAddr)
-		st := g.openLoop(ctx, load, capacity*load)
+		st := g.openLoop(ctx, load, capacity*load, int64(capacity*cfg.Queue.Seconds()))
 		st.Capacity = capacity
 		st.ShedCounter = scrapeShed(ctx, httpAddr) - before
 		if ctx.Err() != nil {
@@ -308,18 +311,19 @@ func (h *histogram) quantile(q float64) time.Duration {
 // openLoop sends checks at rate for Warmup + Duration, whatever the answers, and counts
 // those started in the measured time; it returns once every check has ended (each ends
 // by its deadline).
-func (g *generator) openLoop(ctx context.Context, load, rate float64) Step {
+func (g *generator) openLoop(ctx context.Context, load, rate float64, bound int64) Step {
 	st := Step{Load: load, Rate: rate}
 	h := &histogram{b: make([]atomic.Int64, int(g.cfg.Deadline/histStep)+1)}
 	var inTime, shed, refused, missed, overflow, errs, sent atomic.Int64
 	var outstanding atomic.Int64
-	// A bound on the goroutines of checks in flight whatever MaxOutstanding: twice what
+	// A bound on the goroutines of checks in flight whatever Queue: twice what
 	// the deadline lets live at this rate.
 	hardCap := int64(2*rate*g.cfg.Deadline.Seconds()) + 1000
-	limit := int64(g.cfg.MaxOutstanding)
-	if limit == 0 || limit > hardCap {
-		limit = hardCap
+	limit := hardCap
+	if g.cfg.Queue > 0 {
+		limit = min(max(bound, 1), hardCap)
 	}
+	st.Bound = limit
 	var wg sync.WaitGroup
 	start := time.Now()
 	measureFrom, end := start.Add(g.cfg.Warmup), start.Add(g.cfg.Warmup+g.cfg.Duration)

@@ -52,8 +52,8 @@ var header = []string{"sidecar", "capacity/s", "load", "offered/s", "sent/s", "i
 
 // WriteText writes the report's table to w.
 func (r *Report) WriteText(w io.Writer) {
-	fmt.Fprintf(w, "bench %s -overload: deadline %v, %d connections, sidecar on CPU %d, generator on CPU %d, max outstanding %d\n",
-		r.Service, r.Config.Deadline, r.Config.Conns, r.Config.SidecarCPU, r.Config.GeneratorCPU, r.Config.MaxOutstanding)
+	fmt.Fprintf(w, "bench %s -overload: deadline %v, %d connections, sidecar on CPU %d, generator on CPU %d, generator queue bound %v of capacity (0: none)\n",
+		r.Service, r.Config.Deadline, r.Config.Conns, r.Config.SidecarCPU, r.Config.GeneratorCPU, r.Config.Queue)
 	fmt.Fprintln(w, strings.Join(header, "\t"))
 	for _, row := range r.rows() {
 		fmt.Fprintln(w, strings.Join(row, "\t"))
@@ -67,8 +67,8 @@ func (r *Report) Markdown() string {
 	fmt.Fprintf(&b, "Command: `%s`  \n", runinfo.Command(r.Service, r.Args))
 	fmt.Fprintf(&b, "Machine: %s, %d CPUs, %s; load average %s at the start, %s at the end. Run at %s.\n\n",
 		r.Machine.CPU, r.Machine.NProc, r.Machine.GoVersion, r.Load[0], r.Load[1], time.Now().UTC().Format(time.RFC3339))
-	fmt.Fprintf(&b, "The sidecar pinned to CPU %d, the generator to CPU %d; before each load, the capacity measured closed loop (%d callers over %d connections, 2 s after 1 s of warm-up), then the load open loop, %v of warm-up and %v counted, every check with a %v gRPC deadline; generator bound on outstanding checks: %d (0: none).\n\n",
-		r.Config.SidecarCPU, r.Config.GeneratorCPU, r.Config.Concurrency, r.Config.Conns, r.Config.Warmup, r.Config.Duration, r.Config.Deadline, r.Config.MaxOutstanding)
+	fmt.Fprintf(&b, "The sidecar pinned to CPU %d, the generator to CPU %d; before each load, the capacity measured closed loop (%d callers over %d connections, 2 s after 1 s of warm-up), then the load open loop, %v of warm-up and %v counted, every check with a %v gRPC deadline; generator bound on outstanding checks: what the capacity answers in %v (0: none).\n\n",
+		r.Config.SidecarCPU, r.Config.GeneratorCPU, r.Config.Concurrency, r.Config.Conns, r.Config.Warmup, r.Config.Duration, r.Config.Deadline, r.Config.Queue)
 	b.WriteString("*goodput*: decisions answered before the deadline, as a share of the capacity; *missed*, *shed* (the sidecar's 503 answer), *refused* (refused unread, ResourceExhausted), *overflow* (failed in the generator at its bound), *errors*: shares of the checks sent; *p99 in time*: of the decisions answered in time; *shed metric*: the sidecar's `converger_sidecar_checks_shed_total` over the load.\n\n")
 	b.WriteString("| " + strings.Join(header, " | ") + " |\n|" + strings.Repeat("---|", len(header)) + "\n")
 	for _, row := range r.rows() {
