@@ -47,10 +47,10 @@ type Config struct {
 	// (max_requests + max_pending_requests ≈ capacity × 20 ms) bound them: a check
 	// beyond it fails at once in the generator (overflow), as Envoy's overflow does.
 	// 0: no bound but the deadline, a client without circuit breakers.
-	Queue time.Duration
-	SidecarCPU     int
-	GeneratorCPU   int
-	Out            string
+	Queue        time.Duration
+	SidecarCPU   int
+	GeneratorCPU int
+	Out          string
 }
 
 // DefaultConfig returns the defaults of the flags.
