@@ -278,6 +278,10 @@ func (s *Server) admit(ctx context.Context, start time.Time) bool {
 	}
 }
 
+// DroppedLate counts a Check refused unread because its deadline was too close
+// (envoywire.LateDropper): it is shed, as one that gets no turn.
+func (s *Server) DroppedLate() { s.shed.Inc() }
+
 // overloaded is the fast decision of a Check that got no turn: requests on routes that
 // are not limited are allowed, as they would be; the others are denied with 503
 // unavailable and retry-after, so that an overloaded sidecar neither lets limited

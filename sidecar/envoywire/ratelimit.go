@@ -272,6 +272,9 @@ func (c *rateLimitCall) keep(b []byte) string {
 }
 
 func rateLimitHandler(srv any, ctx context.Context, dec func(any) error, interceptor grpc.UnaryServerInterceptor) (any, error) {
+	if tooLate(ctx, srv) {
+		return nil, ErrTooLate
+	}
 	c := newRateLimitCall()
 	if err := dec(c); err != nil {
 		c.release()

@@ -6,6 +6,7 @@ package rlsapi
 import (
 	"context"
 	"errors"
+	"github.com/prometheus/client_golang/prometheus"
 	"io"
 	"log/slog"
 	"net/http"
@@ -44,6 +45,18 @@ type Server struct {
 	svc  *rls.Service
 	log  *slog.Logger
 	pool sync.Pool // of *scratch
+	shed prometheus.Counter
+}
+
+// CountShed counts in c the calls refused unread because their deadline was too close
+// (envoywire.ErrTooLate). Call it before serving.
+func (s *Server) CountShed(c prometheus.Counter) { s.shed = c }
+
+// DroppedLate counts a call refused as too late (envoywire.LateDropper).
+func (s *Server) DroppedLate() {
+	if s.shed != nil {
+		s.shed.Inc()
+	}
 }
 
 // New returns the server of svc.

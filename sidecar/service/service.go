@@ -164,10 +164,11 @@ func Start(cfg *config.Config, o Options) (*Sidecar, error) {
 	az.LimitInFlight(cfg.MaxChecksInFlight, cfg.DBWait)
 
 	rlsAPI := s.rateLimitService(ctx, cfg)
+	rlsAPI.CountShed(s.Metrics.Shed())
 
 	// Envoy's two services read their requests straight from the wire (envoywire); the
 	// others go through the standard proto codec.
-	s.grpc = grpc.NewServer(append(GRPCServerOptions(), append(tuning(), envoywire.ServerOption())...)...)
+	s.grpc = grpc.NewServer(append(GRPCServerOptions(), append(append(tuning(), overloadOptions(s.Metrics)...), envoywire.ServerOption())...)...)
 	envoywire.RegisterAuthorization(s.grpc, az)
 	envoywire.RegisterRateLimitService(s.grpc, rlsAPI)
 	var limitOverrides limitapi.Overrides

@@ -153,10 +153,13 @@ func runAuthzLoad(ctx context.Context, name string, args []string, cfg authzload
 			return cfg.Validate()
 		},
 		run: func(ctx context.Context) (bool, error) {
+			if cfg.Overload.Enabled {
+				return false, authzload.RunOverload(ctx, cfg, os.Stdout, os.Stderr)
+			}
 			rep, err := authzload.Run(ctx, cfg, os.Stdout, os.Stderr)
 			return err == nil && cfg.Strict && !rep.Pass, err
 		},
-		outputs: map[string]*string{"out": &cfg.Out},
+		outputs: map[string]*string{"out": &cfg.Out, "overload-out": &cfg.Overload.Out},
 	})
 }
 
@@ -220,10 +223,13 @@ func runRLS(ctx context.Context, name string, args []string) int {
 			return cfg.Validate()
 		},
 		run: func(ctx context.Context) (bool, error) {
+			if cfg.Overload.Enabled {
+				return false, rlsload.RunOverload(ctx, cfg, os.Stdout, os.Stderr)
+			}
 			rep, err := rlsload.Run(ctx, cfg, os.Stdout, os.Stderr)
 			return err == nil && cfg.Strict && !rep.Pass, err
 		},
-		outputs: map[string]*string{"out": &cfg.Out},
+		outputs: map[string]*string{"out": &cfg.Out, "overload-out": &cfg.Overload.Out},
 	})
 }
 
