@@ -101,7 +101,10 @@ func spellings(pattern string) []string {
 	})
 	// The placeholder id stays as it is in upper case too (it is a parameter).
 	upper = strings.ReplaceAll(upper, strings.ToUpper("0b7e3f3a-5c1d-4d3e-9f6a-2b8c9d0e1f2a"), "0b7e3f3a-5c1d-4d3e-9f6a-2b8c9d0e1f2a")
-	return []string{p, upper, p + "/"}
+	// A letter of the first segment percent-escaped, as a client may write it: the sidecar
+	// decodes it, Envoy's normalisation may not.
+	escaped := "/%" + fmt.Sprintf("%02X", p[1]) + p[2:]
+	return []string{p, upper, p + "/", escaped}
 }
 
 // unlimitedRequests are requests on routes of the core that no bucket counts.
@@ -158,10 +161,12 @@ func checkLimitedRoutes(bs *bootstrapv3.Bootstrap) error {
 				continue
 			}
 			az := checks[0]
-			if credentials && (az.GetFailureModeAllow() || az.GetStatusOnError().GetCode() != typev3.StatusCode_ServiceUnavailable) {
+			// Envoy cannot tell which route an escaped path is: it fails closed.
+			failClosed := credentials || strings.Contains(p, "%")
+			if failClosed && (az.GetFailureModeAllow() || az.GetStatusOnError().GetCode() != typev3.StatusCode_ServiceUnavailable) {
 				errs = append(errs, fmt.Errorf("%s %s protects credentials: its ext_authz must fail closed with 503 (failure_mode_allow: false)", r.Method, p))
 			}
-			if !credentials && !az.GetFailureModeAllow() {
+			if !failClosed && !az.GetFailureModeAllow() {
 				errs = append(errs, fmt.Errorf("%s %s is an availability route: its ext_authz should fail open", r.Method, p))
 			}
 			if !hasCeiling(m.PerFilter) {
