@@ -36,11 +36,13 @@ import (
 
 	"github.com/gofiber/fiber/v2"
 	"github.com/valyala/fasthttp"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/converger/edge/core/inbound"
 	"github.com/converger/edge/core/metrics"
 	"github.com/converger/edge/shared/apierror"
 	"github.com/converger/edge/shared/netlimit"
+	"github.com/converger/edge/shared/tracing"
 )
 
 const (
@@ -283,7 +285,7 @@ func (s *server) admit(c *fiber.Ctx) error {
 		s.Metrics.Shed(metrics.ShedInFlight)
 		return failUnavailable(c, errOverloaded)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), s.requestTimeout(c))
+	ctx, cancel := context.WithTimeout(c.UserContext(), s.requestTimeout(c))
 	r := &admitted{conn: c.Context().Conn(), cancel: cancel, start: time.Now()}
 	s.inFlight.slots[slot].Store(r)
 	gauge := s.Metrics.InFlight()
@@ -344,12 +346,22 @@ const localObserved localKey = 100
 func (s *server) observe(c *fiber.Ctx) error {
 	start := time.Now()
 	c.Locals(localObserved, true)
+	var span trace.Span
+	if tracing.Enabled() {
+		span = startSpan(c)
+	}
 	if err := c.Next(); err != nil {
 		if err := s.errorHandler(c, err); err != nil {
+			if span != nil {
+				endSpan(c, span)
+			}
 			return err
 		}
 	}
 	s.record(c, start)
+	if span != nil {
+		endSpan(c, span)
+	}
 	return nil
 }
 

@@ -46,6 +46,7 @@ import (
 
 	"github.com/converger/edge/shared/apierror"
 	"github.com/converger/edge/shared/buckets"
+	"github.com/converger/edge/shared/tracing"
 	"github.com/converger/edge/sidecar/routes"
 )
 
@@ -108,6 +109,8 @@ func New(o Options) (*Checker, error) {
 		// As Envoy's sidecar_authz cluster: HTTP/2 keepalive pings every 30 s (the
 		// sidecar's server permits pings every 5 s).
 		grpc.WithKeepaliveParams(keepalive.ClientParameters{Time: 30 * time.Second, Timeout: 5 * time.Second}),
+		// A span of its own, in the request's trace, while tracing is on.
+		grpc.WithUnaryInterceptor(tracing.UnaryClientInterceptor()),
 	)
 	if err != nil {
 		return nil, fmt.Errorf("AUTHZ_ADDR=%q: %w", o.Addr, err)

@@ -12,6 +12,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/converger/edge/shared/limiterpb"
+	"github.com/converger/edge/shared/tracing"
 )
 
 // Result is the answer of one operation.
@@ -39,7 +40,8 @@ type Client struct {
 // New returns a client of the sidecar at addr (host:port). The connection is made
 // lazily and kept; the sidecar's gRPC port listens on loopback by default.
 func New(addr string, opts ...grpc.DialOption) (*Client, error) {
-	opts = append([]grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}, opts...)
+	opts = append([]grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithUnaryInterceptor(tracing.UnaryClientInterceptor())}, opts...)
 	conn, err := grpc.NewClient(addr, opts...)
 	if err != nil {
 		return nil, err

@@ -18,7 +18,7 @@ import (
 
 // RateLimiter decides ShouldRateLimit requests: *rlsapi.Server.
 type RateLimiter interface {
-	Decide(*rls.Request, *rls.Response) error
+	Decide(context.Context, *rls.Request, *rls.Response) error
 }
 
 // ShouldRateLimitMethod is the full name of RateLimitService/ShouldRateLimit.
@@ -282,22 +282,22 @@ func rateLimitHandler(srv any, ctx context.Context, dec func(any) error, interce
 	}
 	r := srv.(RateLimiter)
 	if interceptor == nil {
-		return c.decide(r)
+		return c.decide(ctx, r)
 	}
 	info := &grpc.UnaryServerInfo{Server: srv, FullMethod: ShouldRateLimitMethod}
-	return interceptor(ctx, c, info, func(_ context.Context, req any) (any, error) {
-		return req.(*rateLimitCall).decide(r)
+	return interceptor(ctx, c, info, func(ctx context.Context, req any) (any, error) {
+		return req.(*rateLimitCall).decide(ctx, r)
 	})
 }
 
 var errMalformedRateLimit = status.Error(codes.InvalidArgument, "the RateLimitRequest is not valid protobuf wire format")
 
-func (c *rateLimitCall) decide(r RateLimiter) (any, error) {
+func (c *rateLimitCall) decide(ctx context.Context, r RateLimiter) (any, error) {
 	if c.malformed {
 		c.release()
 		return nil, errMalformedRateLimit
 	}
-	if err := r.Decide(&c.req, &c.resp); err != nil {
+	if err := r.Decide(ctx, &c.req, &c.resp); err != nil {
 		c.release()
 		return nil, status.Error(codes.InvalidArgument, err.Error()) // as rlsapi answers it
 	}

@@ -16,6 +16,9 @@ import (
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"go.opentelemetry.io/otel/attribute"
+	otelcodes "go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/trace"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/encoding/protojson"
@@ -23,6 +26,7 @@ import (
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
 	"github.com/converger/edge/shared/apierror"
+	"github.com/converger/edge/shared/tracing"
 	"github.com/converger/edge/sidecar/rls"
 )
 
@@ -77,15 +81,15 @@ type scratch struct {
 // ShouldRateLimit decides on a request. Its errors are the reference's (an empty domain,
 // no descriptors) and ours (a limit override without a valid unit, a request over the
 // bounds), all InvalidArgument: Envoy treats any error as a failed call.
-func (s *Server) ShouldRateLimit(_ context.Context, req *rlsv3.RateLimitRequest) (*rlsv3.RateLimitResponse, error) {
-	resp, err := s.decide(req)
+func (s *Server) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitRequest) (*rlsv3.RateLimitResponse, error) {
+	resp, err := s.decide(ctx, req)
 	if err != nil {
 		return nil, status.Error(codes.InvalidArgument, err.Error())
 	}
 	return resp, nil
 }
 
-func (s *Server) decide(req *rlsv3.RateLimitRequest) (*rlsv3.RateLimitResponse, error) {
+func (s *Server) decide(ctx context.Context, req *rlsv3.RateLimitRequest) (*rlsv3.RateLimitResponse, error) {
 	sc := s.pool.Get().(*scratch)
 	defer func() {
 		// The scratch must not keep the request's strings alive.
@@ -94,7 +98,7 @@ func (s *Server) decide(req *rlsv3.RateLimitRequest) (*rlsv3.RateLimitResponse, 
 		s.pool.Put(sc)
 	}()
 	convert(req, sc)
-	if err := s.Decide(&sc.req, &sc.resp); err != nil {
+	if err := s.Decide(ctx, &sc.req, &sc.resp); err != nil {
 		return nil, err
 	}
 	return response(&sc.resp), nil
@@ -103,10 +107,26 @@ func (s *Server) decide(req *rlsv3.RateLimitRequest) (*rlsv3.RateLimitResponse, 
 // Decide is ShouldRateLimit's decision on a request already read from its message, into
 // resp, with the metrics ShouldRateLimit records: for a caller that reads requests and
 // writes answers itself. Its error is the client's mistake (InvalidArgument, 400).
-func (s *Server) Decide(req *rls.Request, resp *rls.Response) error {
+// While tracing is on, the decision has a span below ctx's (Envoy's span of its call).
+func (s *Server) Decide(ctx context.Context, req *rls.Request, resp *rls.Response) error {
 	start := time.Now()
+	var span trace.Span
+	if tracing.Enabled() {
+		_, span = tracing.Start(tracing.FromIncoming(ctx), "converger.ratelimit", trace.SpanKindServer,
+			attribute.String("converger.domain", req.Domain), attribute.Int("converger.descriptors", len(req.Descriptors)))
+	}
 	err := s.svc.Decide(req, resp)
 	s.svc.Metrics().Observe(err == nil && resp.Code == rls.OverLimit, err != nil, time.Since(start))
+	if span != nil {
+		// The domain and the overall code only: descriptor values are the counted keys
+		// (users, addresses), never put in a trace.
+		if err != nil {
+			span.SetStatus(otelcodes.Error, "invalid request")
+		} else {
+			span.SetAttributes(attribute.Bool("converger.over_limit", resp.Code == rls.OverLimit))
+		}
+		span.End()
+	}
 	return err
 }
 
@@ -247,7 +267,7 @@ func (s *Server) JSON(w http.ResponseWriter, r *http.Request) {
 		fail(apierror.BadRequest, "The body is not a RateLimitRequest in protobuf's JSON mapping: "+err.Error())
 		return
 	}
-	resp, err := s.decide(&req)
+	resp, err := s.decide(tracing.Extract(r.Context(), tracing.Header(r.Header.Get)), &req)
 	if err != nil {
 		fail(apierror.BadRequest, err.Error())
 		return

@@ -36,6 +36,7 @@ import (
 	"github.com/converger/edge/shared/netlimit"
 	"github.com/converger/edge/shared/ops"
 	"github.com/converger/edge/shared/pgguard"
+	"github.com/converger/edge/shared/tracing"
 )
 
 // serviceUsage explains serve and migrate, whose flags are only -h and --version.
@@ -85,7 +86,16 @@ func main() {
 
 	switch os.Args[1] {
 	case "serve":
+		// Traces (OTLP) only when OTEL_EXPORTER_OTLP_ENDPOINT is set; flushed on the way out.
+		var stopTracing func(context.Context) error
+		if stopTracing, err = tracing.SetupFromEnv(ctx, "converger-core"); err != nil {
+			fmt.Fprintf(os.Stderr, "core: invalid configuration: %v\n", err)
+			os.Exit(2)
+		}
 		err = serve(ctx, cfg, log)
+		flush, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		_ = stopTracing(flush)
+		cancel()
 	case "migrate":
 		err = migrate(ctx, cfg)
 	}
