@@ -14,6 +14,10 @@ func (s *Sidecar) rateLimitService(ctx context.Context, cfg *config.Config) *rls
 	svc := rls.New(s.Limiter, cfg.RLSRules, rls.Options{
 		ShadowMode:      cfg.RLSShadowMode,
 		ResponseHeaders: cfg.RLSResponseHeaders,
+		QuotaMode:       cfg.RLSQuotaMode,
+		HeaderNames:     cfg.RLSHeaderNames,
+		DynamicMetadata: cfg.RLSDynamicMetadata,
+		WaitForRules:    cfg.RLSConfigType == config.ConfigTypeXDS,
 		Metrics:         rls.NewMetrics(s.Metrics.Registry),
 	})
 	if cfg.RLSDir != "" {
@@ -21,7 +25,7 @@ func (s *Sidecar) rateLimitService(ctx context.Context, cfg *config.Config) *rls
 		descs, limits := cfg.RLSRules.Size()
 		s.log.Info("RLS rules loaded", "dir", cfg.RLSDir, "files", len(cfg.RLSRules.Files()), "domains", cfg.RLSRules.Domains(),
 			"descriptors", descs, "limits", limits, "shadow_mode", cfg.RLSShadowMode, "response_headers", cfg.RLSResponseHeaders)
-		w := &rls.Watcher{Dir: cfg.RLSDir, Logger: s.log}
+		w := &rls.Watcher{Dir: cfg.RLSDir, Logger: s.log, Options: rls.LoadOptions{MergeDomains: cfg.RLSMergeDomains}}
 		s.wg.Go(func() { w.Run(ctx, svc) })
 	}
 	return rlsapi.New(svc, s.log)

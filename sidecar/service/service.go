@@ -167,7 +167,7 @@ func Start(cfg *config.Config, o Options) (*Sidecar, error) {
 
 	// Envoy's two services read their requests straight from the wire (envoywire); the
 	// others go through the standard proto codec.
-	s.grpc = grpc.NewServer(append(GRPCServerOptions(), append(tuning(), envoywire.ServerOption())...)...)
+	s.grpc = grpc.NewServer(append(GRPCServerOptions(), append(tuning(), connectionAge(cfg), envoywire.ServerOption())...)...)
 	envoywire.RegisterAuthorization(s.grpc, az)
 	envoywire.RegisterRateLimitService(s.grpc, rlsAPI)
 	var limitOverrides limitapi.Overrides
@@ -195,6 +195,7 @@ func Start(cfg *config.Config, o Options) (*Sidecar, error) {
 	mux := http.NewServeMux()
 	mux.Handle("/", ops.Handler(s.Metrics.Registry, s.readiness, s.debugCounter))
 	mux.HandleFunc(rlsapi.JSONPath, rlsAPI.JSON)
+	mux.HandleFunc(rlsapi.ConfigPath, rlsAPI.RulesText)
 	s.http = s.httpServer(hl, forwardauth.New(az.Verdict, cfg.TrustedProxies, log, s.Metrics.Registry), mux)
 	s.wg.Go(func() {
 		if err := s.grpc.Serve(gl); err != nil {
@@ -225,6 +226,17 @@ func GRPCServerOptions() []grpc.ServerOption {
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 5 * time.Second, PermitWithoutStream: true}),
 		grpc.MaxRecvMsgSize(1 << 20),
 	}
+}
+
+// connectionAge is GRPC_MAX_CONNECTION_AGE and its grace, as the reference sets them: a
+// connection older than the age (give or take 10 %, grpc-go's jitter) is sent a GOAWAY,
+// so that the clients of a shared deployment move to new replicas; the calls in flight
+// then have the grace to finish before it is closed.
+func connectionAge(cfg *config.Config) grpc.ServerOption {
+	return grpc.KeepaliveParams(keepalive.ServerParameters{
+		MaxConnectionAge:      cfg.GRPCMaxConnectionAge,
+		MaxConnectionAgeGrace: cfg.GRPCMaxConnectionAgeGrace,
+	})
 }
 
 // tuning are the options of the sidecar's gRPC server beyond GRPCServerOptions, kept
