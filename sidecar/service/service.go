@@ -38,6 +38,7 @@ import (
 	"github.com/converger/edge/sidecar/metrics"
 	"github.com/converger/edge/sidecar/ops"
 	"github.com/converger/edge/sidecar/rlsapi"
+	"github.com/converger/edge/sidecar/rlsxds"
 	"github.com/converger/edge/sidecar/routes"
 	"github.com/converger/edge/sidecar/tenants"
 	"github.com/converger/edge/sidecar/traffic"
@@ -59,6 +60,7 @@ type Sidecar struct {
 	http     *fasthttp.Server
 	pool     *pgxpool.Pool
 	dir      *tenants.Directory
+	rlsXDS   *rlsxds.Client // nil unless the RLS rules come from an xDS server
 	cancel   context.CancelFunc
 	wg       sync.WaitGroup
 	serving  atomic.Bool
@@ -265,10 +267,18 @@ func (s *Sidecar) readiness() (bool, map[string]any) {
 		d["cluster_members"] = s.Cluster.MemberNames()
 		d["cluster_size"] = s.Cluster.Members()
 	}
+	ready := s.serving.Load()
+	if s.rlsXDS != nil {
+		// Ready once the xDS server's rules are applied; an outage of the server later
+		// keeps them, and the sidecar ready.
+		st := s.rlsXDS.Status()
+		d["rls_xds"] = st
+		ready = ready && st.Applied
+	}
 	// A database outage does not make the sidecar unready: it keeps deciding with
 	// cached values and defaults, which is better than taking every node out of service.
 	// Nor does being alone in a cluster: a node that starts first serves on its own.
-	return s.serving.Load(), d
+	return ready, d
 }
 
 // debugCounter shows one counter: this node's count and, in a cluster, every origin's.
