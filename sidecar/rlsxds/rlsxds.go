@@ -69,8 +69,8 @@ type Client struct {
 // Status is what /readyz shows of the client.
 type Status struct {
 	Connected bool   `json:"connected"`
-	Applied   bool   `json:"applied"`           // rules have been received and applied
-	Version   string `json:"version"`           // of the rules in use (the last ACK)
+	Applied   bool   `json:"applied"`            // rules have been received and applied
+	Version   string `json:"version"`            // of the rules in use (the last ACK)
 	Rejected  string `json:"rejected,omitempty"` // the last version NACKed, when after Version
 	Error     string `json:"error,omitempty"`    // why it was
 }
@@ -300,3 +300,7 @@ func descriptors(ds []*rlsconfv3.RateLimitDescriptor) []any {
 	}
 	return out
 }
+
+// Updates and Versions are the client's metrics, for tests.
+func (c *Client) Updates() *prometheus.CounterVec { return c.updates }
+func (c *Client) Versions() *prometheus.GaugeVec  { return c.versions }
