@@ -22,6 +22,7 @@ import (
 	"go.yaml.in/yaml/v3"
 	rpcstatus "google.golang.org/genproto/googleapis/rpc/status"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/backoff"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/metadata"
@@ -118,8 +119,14 @@ func (c *Client) update(f func(*Status)) {
 // Run follows the server until ctx ends: a stream at a time, another after a backoff
 // when one ends.
 func (c *Client) Run(ctx context.Context) {
+	// The connection's own backoff follows the same bounds, or a long outage would leave
+	// it at grpc-go's two minutes whatever BackoffMax says.
 	conn, err := grpc.NewClient(c.o.ServerURL, grpc.WithTransportCredentials(insecure.NewCredentials()),
-		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(MaxMessage)))
+		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(MaxMessage)),
+		grpc.WithConnectParams(grpc.ConnectParams{
+			Backoff:           backoff.Config{BaseDelay: c.o.BackoffInitial, Multiplier: 2, Jitter: 0.5, MaxDelay: c.o.BackoffMax},
+			MinConnectTimeout: 5 * time.Second,
+		}))
 	if err != nil { // only for a target that cannot be parsed, which config refuses
 		c.log.Error("RLS xDS: cannot reach the server", "server", c.o.ServerURL, "error", err)
 		return
