@@ -38,6 +38,10 @@ const TypeURL = "type.googleapis.com/ratelimit.config.ratelimit.v3.RateLimitConf
 // MaxMessage bounds a DiscoveryResponse (gRPC's default for a client).
 const MaxMessage = 4 << 20
 
+// maxNackWait bounds the wait before NACKing a version again: a server's next version
+// is read after it.
+const maxNackWait = 5 * time.Second
+
 // Options configure a Client.
 type Options struct {
 	ServerURL string            // host:port of the management server
@@ -145,12 +149,22 @@ func (c *Client) Run(ctx context.Context) {
 		}
 		wait := backoff/2 + rand.N(backoff/2+1)
 		c.log.Warn("RLS xDS: the stream to the server ended; the rules in use stay", "server", c.o.ServerURL, "error", err, "retry_in", wait)
-		select {
-		case <-ctx.Done():
+		if !sleep(ctx, wait) {
 			return
-		case <-time.After(wait):
 		}
 		backoff = min(2*backoff, c.o.BackoffMax)
+	}
+}
+
+// sleep waits for d, false when ctx ends first.
+func sleep(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+		return true
 	}
 }
 
@@ -180,6 +194,8 @@ func (c *Client) follow(ctx context.Context, conn *grpc.ClientConn) (received bo
 	if err := stream.Send(&discoveryv3.DiscoveryRequest{Node: node, TypeUrl: TypeURL, VersionInfo: version}); err != nil {
 		return false, err
 	}
+	var rejected string        // the version last NACKed
+	var nackWait time.Duration // before NACKing it again
 	for {
 		resp, err := stream.Recv()
 		if err != nil {
@@ -198,10 +214,22 @@ func (c *Client) follow(ctx context.Context, conn *grpc.ClientConn) (received bo
 			ack.ErrorDetail = &rpcstatus.Status{Code: int32(codes.InvalidArgument), Message: err.Error()}
 			c.svc.Loaded(false)
 			c.updates.WithLabelValues("rejected").Inc()
-			c.update(func(s *Status) { s.Rejected, s.Error = resp.GetVersionInfo(), err.Error() })
-			c.log.Error("RLS xDS: rules refused (NACK); the previous rules stay in use",
-				"version", resp.GetVersionInfo(), "problems", err.Error())
+			if resp.GetVersionInfo() == rejected {
+				// A server that answers a NACK with the same version again (go-control-plane's
+				// snapshot cache does) would make a busy loop of it: each repeat waits longer,
+				// as a reconnection does.
+				if !sleep(ctx, nackWait/2+rand.N(nackWait/2+1)) {
+					return received, ctx.Err()
+				}
+				nackWait = min(2*nackWait, c.o.BackoffMax, maxNackWait)
+			} else {
+				rejected, nackWait = resp.GetVersionInfo(), c.o.BackoffInitial
+				c.update(func(s *Status) { s.Rejected, s.Error = rejected, err.Error() })
+				c.log.Error("RLS xDS: rules refused (NACK); the previous rules stay in use",
+					"version", rejected, "problems", err.Error())
+			}
 		} else {
+			rejected = ""
 			c.svc.SetRules(rules)
 			c.svc.Loaded(true)
 			c.updates.WithLabelValues("accepted").Inc()
