@@ -9,6 +9,8 @@ import (
 
 	rlsconfv3 "github.com/envoyproxy/go-control-plane/ratelimit/config/ratelimit/v3"
 
+	"google.golang.org/grpc/connectivity"
+
 	"github.com/converger/edge/sidecar/rlsxds/xdstest"
 )
 
@@ -80,4 +82,45 @@ func TestClusterXDSRules(t *testing.T) {
 	if m := scrape(t, n1.httpAddr); !strings.Contains(m, `converger_rls_xds_version_info{version="v2"} 1`) || !strings.Contains(m, "converger_rls_xds_connected 1") {
 		t.Errorf("metrics:\n%s", grepLines(m, "converger_rls_xds"))
 	}
+}
+
+// The reference's other settings by their names, through the binary: merged domain
+// files, the header names, the dynamic metadata, quota mode for all, and a connection
+// sent away at GRPC_MAX_CONNECTION_AGE (the next call connects again).
+func TestRLSReferenceSettings(t *testing.T) {
+	t.Parallel()
+	dir := writeRules(t, map[string]string{
+		"a.yaml": "domain: shop\ndescriptors:\n  - key: client_id\n    metadata: {tier: gold}\n    rate_limit: {unit: hour, requests_per_unit: 1}\n",
+		"b.yaml": "domain: shop\ndescriptors:\n  - key: route\n    rate_limit: {unit: hour, requests_per_unit: 5}\n",
+	})
+	n := startRLS(t, map[string]string{
+		"RLS_CONFIG_DIR": dir, "MERGE_DOMAIN_CONFIG": "true", "QUOTA_MODE": "true",
+		"LIMIT_RESPONSE_HEADERS_ENABLED": "true", "LIMIT_LIMIT_HEADER": "X-Limit", "LIMIT_REMAINING_HEADER": "X-Left", "LIMIT_RESET_HEADER": "X-Reset",
+		"RESPONSE_DYNAMIC_METADATA": "true", "GRPC_MAX_CONNECTION_AGE": "1s", "GRPC_MAX_CONNECTION_AGE_GRACE": "1s",
+	})
+	r := n.ask("shop", rd("client_id=c"), rd("route=/x"))
+	n.want(r, ok, "OK 1/HOUR", "OK 5/HOUR rem=4")
+	if h := r.GetResponseHeadersToAdd(); len(h) != 3 || h[0].GetKey() != "X-Limit" || h[0].GetValue() != "1" || h[1].GetKey() != "X-Left" || h[2].GetKey() != "X-Reset" {
+		t.Errorf("headers %v", h)
+	}
+	md := r.GetDynamicMetadata().AsMap()
+	if md["domain"] != "shop" || md["metadata"].(map[string]any)["tier"] != "gold" || len(md["descriptors"].([]any)) != 2 {
+		t.Errorf("dynamic metadata %v", md)
+	}
+	// client_id is over, route is not: in quota mode for all, the request is OK.
+	r = n.ask("shop", rd("client_id=c"), rd("route=/x"))
+	n.want(r, ok, "OVER_LIMIT 1/HOUR", "OK 5/HOUR rem=3")
+	if _, has := r.GetDynamicMetadata().AsMap()["metadata"]; has {
+		t.Errorf("metadata of a rule over the limit: %v", r.GetDynamicMetadata().AsMap())
+	}
+
+	// The connection is sent away after about a second, then used again.
+	deadline := time.Now().Add(10 * time.Second)
+	for n.conn.GetState() != connectivity.Idle && time.Now().Before(deadline) {
+		time.Sleep(20 * time.Millisecond)
+	}
+	if s := n.conn.GetState(); s != connectivity.Idle {
+		t.Fatalf("connection state %v after GRPC_MAX_CONNECTION_AGE, want IDLE (GOAWAY)", s)
+	}
+	n.want(n.ask("shop", rd("route=/x")), ok, "OK 5/HOUR rem=2")
 }
