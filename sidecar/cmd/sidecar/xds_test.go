@@ -8,7 +8,6 @@ import (
 	"time"
 
 	rlsconfv3 "github.com/envoyproxy/go-control-plane/ratelimit/config/ratelimit/v3"
-
 	"google.golang.org/grpc/connectivity"
 
 	"github.com/converger/edge/sidecar/rlsxds/xdstest"
