@@ -456,6 +456,8 @@ func CheckFiles(getenv func(string) string) (summary []string, err error) {
 			summary = append(summary, fmt.Sprintf("RLS_CONFIG_DIR %s: valid, %d files, domains %s, %d descriptors, %d limits",
 				c.RLSDir, len(c.RLSRules.Files()), strings.Join(c.RLSRules.Domains(), ", "), descs, limits))
 		}
+	} else if v, _, _ := aliased(getenv, "RLS_CONFIG_TYPE", "CONFIG_TYPE"); strings.EqualFold(v, ConfigTypeXDS) {
+		summary = append(summary, "RLS_CONFIG_TYPE=GRPC_XDS_SOTW: the rate limit service's rules come from an xDS server, checked as they arrive")
 	} else {
 		summary = append(summary, "RLS_CONFIG_DIR: unset (no rate limit service rules: every ShouldRateLimit is OK)")
 	}
