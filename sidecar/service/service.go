@@ -38,6 +38,7 @@ import (
 	"github.com/converger/edge/sidecar/metrics"
 	"github.com/converger/edge/sidecar/ops"
 	"github.com/converger/edge/sidecar/rlsapi"
+	"github.com/converger/edge/sidecar/rlsxds"
 	"github.com/converger/edge/sidecar/routes"
 	"github.com/converger/edge/sidecar/tenants"
 	"github.com/converger/edge/sidecar/traffic"
@@ -59,6 +60,7 @@ type Sidecar struct {
 	http     *fasthttp.Server
 	pool     *pgxpool.Pool
 	dir      *tenants.Directory
+	rlsXDS   *rlsxds.Client // nil unless the RLS rules come from an xDS server
 	cancel   context.CancelFunc
 	wg       sync.WaitGroup
 	serving  atomic.Bool
@@ -168,7 +170,7 @@ func Start(cfg *config.Config, o Options) (*Sidecar, error) {
 
 	// Envoy's two services read their requests straight from the wire (envoywire); the
 	// others go through the standard proto codec.
-	s.grpc = grpc.NewServer(append(GRPCServerOptions(), append(append(tuning(), overloadOptions(s.Metrics)...), envoywire.ServerOption())...)...)
+	s.grpc = grpc.NewServer(append(GRPCServerOptions(), append(append(tuning(), overloadOptions(s.Metrics)...), connectionAge(cfg), envoywire.ServerOption())...)...)
 	envoywire.RegisterAuthorization(s.grpc, az)
 	envoywire.RegisterRateLimitService(s.grpc, rlsAPI)
 	var limitOverrides limitapi.Overrides
@@ -196,6 +198,7 @@ func Start(cfg *config.Config, o Options) (*Sidecar, error) {
 	mux := http.NewServeMux()
 	mux.Handle("/", ops.Handler(s.Metrics.Registry, s.readiness, s.debugCounter))
 	mux.HandleFunc(rlsapi.JSONPath, rlsAPI.JSON)
+	mux.HandleFunc(rlsapi.ConfigPath, rlsAPI.RulesText)
 	s.http = s.httpServer(hl, forwardauth.New(az.Verdict, cfg.TrustedProxies, log, s.Metrics.Registry), mux)
 	s.wg.Go(func() {
 		if err := s.grpc.Serve(gl); err != nil {
@@ -228,6 +231,17 @@ func GRPCServerOptions() []grpc.ServerOption {
 	}
 }
 
+// connectionAge is GRPC_MAX_CONNECTION_AGE and its grace, as the reference sets them: a
+// connection older than the age (give or take 10 %, grpc-go's jitter) is sent a GOAWAY,
+// so that the clients of a shared deployment move to new replicas; the calls in flight
+// then have the grace to finish before it is closed.
+func connectionAge(cfg *config.Config) grpc.ServerOption {
+	return grpc.KeepaliveParams(keepalive.ServerParameters{
+		MaxConnectionAge:      cfg.GRPCMaxConnectionAge,
+		MaxConnectionAgeGrace: cfg.GRPCMaxConnectionAgeGrace,
+	})
+}
+
 // tuning are the options of the sidecar's gRPC server beyond GRPCServerOptions, kept
 // because the bench rls load test measured them faster: stream workers, so that a
 // Check or ShouldRateLimit runs on a goroutine that already has the stack it needs,
@@ -254,10 +268,18 @@ func (s *Sidecar) readiness() (bool, map[string]any) {
 		d["cluster_members"] = s.Cluster.MemberNames()
 		d["cluster_size"] = s.Cluster.Members()
 	}
+	ready := s.serving.Load()
+	if s.rlsXDS != nil {
+		// Ready once the xDS server's rules are applied; an outage of the server later
+		// keeps them, and the sidecar ready.
+		st := s.rlsXDS.Status()
+		d["rls_xds"] = st
+		ready = ready && st.Applied
+	}
 	// A database outage does not make the sidecar unready: it keeps deciding with
 	// cached values and defaults, which is better than taking every node out of service.
 	// Nor does being alone in a cluster: a node that starts first serves on its own.
-	return s.serving.Load(), d
+	return ready, d
 }
 
 // debugCounter shows one counter: this node's count and, in a cluster, every origin's.
