@@ -6,6 +6,7 @@ package service
 
 import (
 	"context"
+	"crypto/tls"
 	"fmt"
 	"log/slog"
 	"net"
@@ -20,6 +21,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/valyala/fasthttp"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/keepalive"
@@ -27,6 +29,7 @@ import (
 
 	"github.com/converger/edge/shared/limiterpb"
 	"github.com/converger/edge/shared/netlimit"
+	"github.com/converger/edge/shared/tlsconfig"
 	"github.com/converger/edge/sidecar/authz"
 	"github.com/converger/edge/sidecar/cluster"
 	"github.com/converger/edge/sidecar/config"
@@ -167,7 +170,11 @@ func Start(cfg *config.Config, o Options) (*Sidecar, error) {
 
 	// Envoy's two services read their requests straight from the wire (envoywire); the
 	// others go through the standard proto codec.
-	s.grpc = grpc.NewServer(append(GRPCServerOptions(), append(tuning(), envoywire.ServerOption())...)...)
+	grpcTLS, err := grpcCredentials(cfg.GRPCTLS, log)
+	if err != nil {
+		return nil, err
+	}
+	s.grpc = grpc.NewServer(append(GRPCServerOptions(), append(append(tuning(), grpcTLS...), envoywire.ServerOption())...)...)
 	envoywire.RegisterAuthorization(s.grpc, az)
 	envoywire.RegisterRateLimitService(s.grpc, rlsAPI)
 	var limitOverrides limitapi.Overrides
@@ -191,6 +198,12 @@ func Start(cfg *config.Config, o Options) (*Sidecar, error) {
 		return nil, fmt.Errorf("SIDECAR_HTTP_ADDR: %w", err)
 	}
 	hl := s.httpListener(raw, cfg, openFiles)
+	httpLn, err := tlsListener(hl, cfg.HTTPTLS, log)
+	if err != nil {
+		gl.Close()
+		hl.Close()
+		return nil, err
+	}
 	s.GRPCAddr, s.HTTPAddr = gl.Addr(), hl.Addr()
 	mux := http.NewServeMux()
 	mux.Handle("/", ops.Handler(s.Metrics.Registry, s.readiness, s.debugCounter))
@@ -202,7 +215,7 @@ func Start(cfg *config.Config, o Options) (*Sidecar, error) {
 		}
 	})
 	s.wg.Go(func() {
-		if err := s.http.Serve(hl); err != nil {
+		if err := s.http.Serve(httpLn); err != nil {
 			s.errc <- fmt.Errorf("HTTP server: %w", err)
 		}
 	})
@@ -235,6 +248,33 @@ func GRPCServerOptions() []grpc.ServerOption {
 // goroutine, as without them.
 func tuning() []grpc.ServerOption {
 	return []grpc.ServerOption{grpc.NumStreamWorkers(uint32(32 * runtime.GOMAXPROCS(0)))}
+}
+
+// grpcCredentials are the gRPC server's options for TLS on its port (none for plain
+// text): the certificates of f, re-read when they change, and at most 10 s for a
+// client's handshake.
+func grpcCredentials(f *tlsconfig.ServerFiles, log *slog.Logger) ([]grpc.ServerOption, error) {
+	if f == nil {
+		return nil, nil
+	}
+	t, err := tlsconfig.NewServer(f, tlsconfig.Options{Logger: log}, "h2")
+	if err != nil {
+		return nil, err
+	}
+	return []grpc.ServerOption{grpc.Creds(credentials.NewTLS(t.Config())), grpc.ConnectionTimeout(10 * time.Second)}, nil
+}
+
+// tlsListener is ln with TLS on its connections when f is set (the HTTP port's
+// handshakes are bounded by the server's read timeout).
+func tlsListener(ln net.Listener, f *tlsconfig.ServerFiles, log *slog.Logger) (net.Listener, error) {
+	if f == nil {
+		return ln, nil
+	}
+	t, err := tlsconfig.NewServer(f, tlsconfig.Options{Logger: log}, "http/1.1")
+	if err != nil {
+		return nil, err
+	}
+	return tls.NewListener(ln, t.Config()), nil
 }
 
 // Err reports a server that stopped on its own.
