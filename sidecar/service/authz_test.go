@@ -17,9 +17,15 @@ import (
 )
 
 // Every row of the limited-endpoints table: the default budget is allowed, the next
-// request is denied with the full 429 contract.
+// request is denied with the full 429 contract; in plain text and over mutual TLS.
 func TestEveryLimitedEndpoint(t *testing.T) {
-	s := newStack(t, stackOptions{})
+	for _, mtls := range []bool{false, true} {
+		t.Run(map[bool]string{false: "plaintext", true: "mtls"}[mtls], func(t *testing.T) { testEveryLimitedEndpoint(t, mtls) })
+	}
+}
+
+func testEveryLimitedEndpoint(t *testing.T, mutualTLS bool) {
+	s := newStack(t, stackOptions{mutualTLS: mutualTLS})
 	// Half a second into a minute (and a second): retry_after_ms is what remains.
 	s.clock.set(s.start.Add(500 * time.Millisecond))
 	ten := s.tenant()
