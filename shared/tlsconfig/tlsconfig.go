@@ -25,6 +25,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"os"
 	"path/filepath"
 	"strings"
@@ -424,4 +425,30 @@ func (c *Client) Config() *tls.Config {
 		}
 	}
 	return cfg
+}
+
+// Listener returns ln with TLS from f on its connections (alpn as for NewServer), or ln
+// itself when f is nil. A server on it bounds each handshake by its read timeout.
+func Listener(ln net.Listener, f *ServerFiles, o Options, alpn ...string) (net.Listener, error) {
+	if f == nil {
+		return ln, nil
+	}
+	s, err := NewServer(f, o, alpn...)
+	if err != nil {
+		return nil, err
+	}
+	return tls.NewListener(ln, s.Config()), nil
+}
+
+// ClientConfig is the configuration to dial with from f, or nil (plain text) when f is
+// nil.
+func ClientConfig(f *ClientFiles, o Options) (*tls.Config, error) {
+	if f == nil {
+		return nil, nil
+	}
+	c, err := NewClient(f, o)
+	if err != nil {
+		return nil, err
+	}
+	return c.Config(), nil
 }

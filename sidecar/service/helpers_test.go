@@ -56,6 +56,7 @@ type stack struct {
 	limiter limiterpb.LimiterClient
 	db      *pgxpool.Pool
 	signer  *token.Signer
+	tls     *tls.Config // the gRPC client's TLS with mutualTLS, else nil
 }
 
 type stackOptions struct {
@@ -113,7 +114,8 @@ func newStack(t *testing.T, o stackOptions) *stack {
 	}
 	creds := insecure.NewCredentials()
 	if o.mutualTLS {
-		creds = credentials.NewTLS(mutualTLS(t, env))
+		s.tls = mutualTLS(t, env)
+		creds = credentials.NewTLS(s.tls.Clone())
 	}
 	for k, v := range o.env {
 		env[k] = v

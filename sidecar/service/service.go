@@ -6,7 +6,6 @@ package service
 
 import (
 	"context"
-	"crypto/tls"
 	"fmt"
 	"log/slog"
 	"net"
@@ -198,7 +197,7 @@ func Start(cfg *config.Config, o Options) (*Sidecar, error) {
 		return nil, fmt.Errorf("SIDECAR_HTTP_ADDR: %w", err)
 	}
 	hl := s.httpListener(raw, cfg, openFiles)
-	httpLn, err := tlsListener(hl, cfg.HTTPTLS, log)
+	httpLn, err := tlsconfig.Listener(hl, cfg.HTTPTLS, tlsconfig.Options{Logger: log}, "http/1.1")
 	if err != nil {
 		gl.Close()
 		hl.Close()
@@ -262,19 +261,6 @@ func grpcCredentials(f *tlsconfig.ServerFiles, log *slog.Logger) ([]grpc.ServerO
 		return nil, err
 	}
 	return []grpc.ServerOption{grpc.Creds(credentials.NewTLS(t.Config())), grpc.ConnectionTimeout(10 * time.Second)}, nil
-}
-
-// tlsListener is ln with TLS on its connections when f is set (the HTTP port's
-// handshakes are bounded by the server's read timeout).
-func tlsListener(ln net.Listener, f *tlsconfig.ServerFiles, log *slog.Logger) (net.Listener, error) {
-	if f == nil {
-		return ln, nil
-	}
-	t, err := tlsconfig.NewServer(f, tlsconfig.Options{Logger: log}, "http/1.1")
-	if err != nil {
-		return nil, err
-	}
-	return tls.NewListener(ln, t.Config()), nil
 }
 
 // Err reports a server that stopped on its own.
