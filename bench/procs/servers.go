@@ -11,6 +11,8 @@ import (
 	"os/exec"
 	"strings"
 	"time"
+
+	"github.com/converger/edge/bench/benchtls"
 )
 
 // StartSidecar starts the sidecar binary on free loopback ports, with SidecarEnv and the
@@ -26,7 +28,7 @@ func StartSidecar(ctx context.Context, bin string, env []string, log io.Writer) 
 		}
 		grpcAddr, httpAddr = ports[0], ports[1]
 		cmd := exec.Command(bin)
-		cmd.Env = append(append(base[:len(base):len(base)], "SIDECAR_GRPC_ADDR="+grpcAddr, "SIDECAR_HTTP_ADDR="+httpAddr), env...)
+		cmd.Env = append(append(append(base[:len(base):len(base)], "SIDECAR_GRPC_ADDR="+grpcAddr, "SIDECAR_HTTP_ADDR="+httpAddr), benchtls.SidecarEnv()...), env...)
 		p, err = Start("sidecar", cmd, &TailWriter{Prefix: "sidecar: ", W: log})
 		if err != nil {
 			return nil, "", "", err
