@@ -441,7 +441,9 @@ func TestTLSVariables(t *testing.T) {
 	if err := ca.Write(p, dir, "sidecar"); err != nil {
 		t.Fatal(err)
 	}
-	load := func(env map[string]string) (*config.Config, error) { return config.Load(func(k string) string { return env[k] }) }
+	load := func(env map[string]string) (*config.Config, error) {
+		return config.Load(func(k string) string { return env[k] })
+	}
 
 	c, err := load(map[string]string{"SIDECAR_HTTP_TLS_CERT_FILE": p.CertFile, "SIDECAR_HTTP_TLS_KEY_FILE": p.KeyFile})
 	if err != nil || c.HTTPTLS == nil || c.HTTPTLS.ClientAuth != tlsconfig.NoClientCert || c.GRPCTLS != nil {

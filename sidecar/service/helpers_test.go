@@ -2,9 +2,9 @@ package service_test
 
 import (
 	"context"
-	"crypto/tls"
 	"crypto/rand"
 	"crypto/sha256"
+	"crypto/tls"
 	"encoding/base64"
 	"encoding/json"
 	"fmt"
