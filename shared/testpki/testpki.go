@@ -1,6 +1,7 @@
 // Package testpki makes certificate authorities and the certificates they sign, written
-// as PEM files, for the tests and load tests of the TLS ports: short-lived ECDSA keys,
-// SAN URIs and DNS names as a mesh issues them, and expired certificates on request.
+// as PEM files, for the tests, the load tests and the development stack (devstack -mtls)
+// of the TLS ports: short-lived ECDSA keys, SAN URIs and DNS names as a mesh issues them,
+// and expired certificates on request. Not for production certificates.
 package testpki
 
 import (
