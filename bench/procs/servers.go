@@ -11,6 +11,8 @@ import (
 	"os/exec"
 	"strings"
 	"time"
+
+	"github.com/converger/edge/bench/benchtls"
 )
 
 // StartSidecar starts the sidecar binary on free loopback ports, with SidecarEnv and the
@@ -33,7 +35,7 @@ func StartSidecarUnder(ctx context.Context, prefix []string, bin string, env []s
 		grpcAddr, httpAddr = ports[0], ports[1]
 		argv := append(prefix[:len(prefix):len(prefix)], bin)
 		cmd := exec.Command(argv[0], argv[1:]...)
-		cmd.Env = append(append(base[:len(base):len(base)], "SIDECAR_GRPC_ADDR="+grpcAddr, "SIDECAR_HTTP_ADDR="+httpAddr), env...)
+		cmd.Env = append(append(append(base[:len(base):len(base)], "SIDECAR_GRPC_ADDR="+grpcAddr, "SIDECAR_HTTP_ADDR="+httpAddr), benchtls.SidecarEnv()...), env...)
 		p, err = Start("sidecar", cmd, &TailWriter{Prefix: "sidecar: ", W: log})
 		if err != nil {
 			return nil, "", "", err

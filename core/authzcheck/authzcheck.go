@@ -27,6 +27,7 @@ package authzcheck
 
 import (
 	"context"
+	"crypto/tls"
 	"fmt"
 	"log/slog"
 	"net"
@@ -40,6 +41,7 @@ import (
 	"github.com/gofiber/fiber/v2"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/keepalive"
 	"google.golang.org/grpc/status"
@@ -58,6 +60,8 @@ const DefaultTimeout = 250 * time.Millisecond
 type Options struct {
 	// Addr is the sidecar's gRPC address (AUTHZ_ADDR), host:port.
 	Addr string
+	// TLS makes the connection speak TLS (AUTHZ_TLS_*); nil: plain text.
+	TLS *tls.Config
 	// Timeout bounds one Check (DefaultTimeout when zero).
 	Timeout time.Duration
 	// Logger receives the failure warnings (slog.Default() when nil).
@@ -104,8 +108,12 @@ func New(o Options) (*Checker, error) {
 	if o.Logger == nil {
 		o.Logger = slog.Default()
 	}
+	creds := insecure.NewCredentials()
+	if o.TLS != nil {
+		creds = credentials.NewTLS(o.TLS)
+	}
 	conn, err := grpc.NewClient(o.Addr,
-		grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithTransportCredentials(creds),
 		// As Envoy's sidecar_authz cluster: HTTP/2 keepalive pings every 30 s (the
 		// sidecar's server permits pings every 5 s).
 		grpc.WithKeepaliveParams(keepalive.ClientParameters{Time: 30 * time.Second, Timeout: 5 * time.Second}),

@@ -22,6 +22,7 @@ import (
 	"github.com/converger/edge/core/passwords"
 	"github.com/converger/edge/core/store"
 	"github.com/converger/edge/shared/clientip"
+	"github.com/converger/edge/shared/tlsconfig"
 	"github.com/converger/edge/shared/token"
 )
 
@@ -37,6 +38,12 @@ type Config struct {
 	Sealer      *credentials.Sealer // ENCRYPTION_KEY
 	LimiterAddr string              // LIMITER_ADDR
 	AuthzAddr   string              // AUTHZ_ADDR
+	// TLS and OpsTLS are the TLS of CORE_ADDR and CORE_OPS_ADDR (CORE_TLS_*,
+	// CORE_OPS_TLS_*; see shared/tlsconfig); nil: plain text.
+	TLS, OpsTLS *tlsconfig.ServerFiles
+	// AuthzTLS and LimiterTLS are how the clients of AUTHZ_ADDR and LIMITER_ADDR speak
+	// TLS (AUTHZ_TLS_*, LIMITER_TLS_*); nil: plain text.
+	AuthzTLS, LimiterTLS *tlsconfig.ClientFiles
 	// AuthzFailOpen lets requests through unchecked when the AUTHZ_ADDR Check fails,
 	// but on the routes that protect credentials (AUTHZ_FAIL_OPEN, default true).
 	AuthzFailOpen bool
@@ -147,17 +154,24 @@ func Load(getenv func(string) string) (*Config, error) {
 			}
 		}
 	}
+	var err error
+	if err := c.loadTLS(getenv); err != nil {
+		return nil, err
+	}
 	switch v := strings.ToLower(orDefault(getenv("AUTHZ_FAIL_OPEN"), "true")); v {
 	case "true", "false":
 		c.AuthzFailOpen = v == "true"
 	default:
 		return nil, fmt.Errorf("AUTHZ_FAIL_OPEN=%q: must be true or false", v)
 	}
-	c.PublicURL = strings.TrimRight(orDefault(getenv("PUBLIC_URL"), "http://"+c.Addr), "/")
+	scheme := "http://"
+	if c.TLS != nil {
+		scheme = "https://"
+	}
+	c.PublicURL = strings.TrimRight(orDefault(getenv("PUBLIC_URL"), scheme+c.Addr), "/")
 	if u, err := url.Parse(c.PublicURL); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
 		return nil, fmt.Errorf("PUBLIC_URL=%q: must be an http(s) URL such as https://api.example.com", c.PublicURL)
 	}
-	var err error
 	if v := strings.TrimSpace(getenv("TOKEN_SIGNING_KEY")); v != "" {
 		if c.Signer, err = token.ParseSigningKey(v); err != nil {
 			return nil, fmt.Errorf("TOKEN_SIGNING_KEY: %w", err)
@@ -222,6 +236,33 @@ func Load(getenv func(string) string) (*Config, error) {
 		return nil, fmt.Errorf("CORS_ORIGINS: %w", err)
 	}
 	return c, nil
+}
+
+// loadTLS reads the TLS of the two ports and of the two clients of the sidecar.
+func (c *Config) loadTLS(getenv func(string) string) error {
+	var err error
+	if c.TLS, err = tlsconfig.LoadServer(getenv, "CORE_TLS"); err != nil {
+		return err
+	}
+	if c.OpsTLS, err = tlsconfig.LoadServer(getenv, "CORE_OPS_TLS"); err != nil {
+		return err
+	}
+	if c.AuthzTLS, err = tlsconfig.LoadClient(getenv, "AUTHZ_TLS"); err != nil {
+		return err
+	}
+	if c.LimiterTLS, err = tlsconfig.LoadClient(getenv, "LIMITER_TLS"); err != nil {
+		return err
+	}
+	for _, v := range []struct {
+		name string
+		f    *tlsconfig.ClientFiles
+		addr string
+	}{{"AUTHZ", c.AuthzTLS, c.AuthzAddr}, {"LIMITER", c.LimiterTLS, c.LimiterAddr}} {
+		if v.f != nil && v.addr == "" {
+			return fmt.Errorf("%s_TLS_CA_FILE is set but %s_ADDR is not", v.name, v.name)
+		}
+	}
+	return nil
 }
 
 // parseCORSOrigins reads CORS_ORIGINS: origins separated by commas or spaces

@@ -21,6 +21,7 @@ import (
 
 	"github.com/converger/edge/shared/buckets"
 	"github.com/converger/edge/shared/clientip"
+	"github.com/converger/edge/shared/tlsconfig"
 	"github.com/converger/edge/shared/token"
 	"github.com/converger/edge/sidecar/rls"
 	"github.com/converger/edge/sidecar/routes"
@@ -28,11 +29,14 @@ import (
 
 // Config is the sidecar's configuration.
 type Config struct {
-	GRPCAddr     string // SIDECAR_GRPC_ADDR
-	HTTPAddr     string // SIDECAR_HTTP_ADDR
-	DatabaseURL  string // DATABASE_URL; "" runs without a database
-	Backend      string // RATE_LIMIT_BACKEND: "local" or "cluster"
-	SyncInterval time.Duration
+	GRPCAddr string // SIDECAR_GRPC_ADDR
+	HTTPAddr string // SIDECAR_HTTP_ADDR
+	// GRPCTLS and HTTPTLS are the ports' TLS (SIDECAR_GRPC_TLS_*, SIDECAR_HTTP_TLS_*, see
+	// shared/tlsconfig); nil: plain text.
+	GRPCTLS, HTTPTLS *tlsconfig.ServerFiles
+	DatabaseURL      string // DATABASE_URL; "" runs without a database
+	Backend          string // RATE_LIMIT_BACKEND: "local" or "cluster"
+	SyncInterval     time.Duration
 	// ShareMode (RATE_LIMIT_SHARE_MODE) divides each counter's limit among the nodes
 	// of a cluster that count it.
 	ShareMode bool
@@ -157,6 +161,13 @@ func Load(getenv func(string) string) (*Config, error) {
 			return nil, fmt.Errorf("%s=%q: %w", v.name, v.val, err)
 		}
 	}
+	var err error
+	if c.GRPCTLS, err = tlsconfig.LoadServer(referenceTLS(getenv), "SIDECAR_GRPC_TLS"); err != nil {
+		return nil, err
+	}
+	if c.HTTPTLS, err = tlsconfig.LoadServer(getenv, "SIDECAR_HTTP_TLS"); err != nil {
+		return nil, err
+	}
 	if c.DatabaseURL != "" {
 		// The parser's own message may quote the URL, password included, so it is not
 		// repeated here.
@@ -177,7 +188,6 @@ func Load(getenv func(string) string) (*Config, error) {
 		c.SyncInterval = ms
 	}
 
-	var err error
 	if c.TrustedProxies, err = clientip.Load(getenv); err != nil {
 		return nil, err
 	}
@@ -396,6 +406,29 @@ func headerName(s string) bool {
 		}
 	}
 	return true
+}
+
+// referenceTLS reads the gRPC port's TLS variables with envoyproxy/ratelimit's names as
+// aliases: with GRPC_SERVER_USE_TLS=true, GRPC_SERVER_TLS_CERT and _KEY are the
+// certificate and key, GRPC_CLIENT_TLS_CACERT the CA that client certificates must be
+// signed by (then required), GRPC_CLIENT_TLS_SAN the client identity allowed. Our own
+// names win when both are set.
+func referenceTLS(getenv func(string) string) func(string) string {
+	alias := map[string]string{
+		"SIDECAR_GRPC_TLS_CERT_FILE":       "GRPC_SERVER_TLS_CERT",
+		"SIDECAR_GRPC_TLS_KEY_FILE":        "GRPC_SERVER_TLS_KEY",
+		"SIDECAR_GRPC_TLS_CLIENT_CA_FILE":  "GRPC_CLIENT_TLS_CACERT",
+		"SIDECAR_GRPC_TLS_ALLOWED_CLIENTS": "GRPC_CLIENT_TLS_SAN",
+	}
+	return func(name string) string {
+		if v := getenv(name); strings.TrimSpace(v) != "" {
+			return v
+		}
+		if ref, ok := alias[name]; ok && strings.EqualFold(strings.TrimSpace(getenv("GRPC_SERVER_USE_TLS")), "true") {
+			return getenv(ref)
+		}
+		return ""
+	}
 }
 
 // loadRoutes reads RATE_LIMIT_CONFIG (path, "" for none) and sets the routes.

@@ -17,6 +17,9 @@ import (
 	"github.com/converger/edge/sidecar/config"
 	"github.com/converger/edge/sidecar/rls"
 	"github.com/converger/edge/sidecar/routes"
+
+	"github.com/converger/edge/shared/testpki"
+	"github.com/converger/edge/shared/tlsconfig"
 )
 
 // load runs config.Load over env alone.
@@ -469,5 +472,45 @@ func TestRLSOptionsAndAliases(t *testing.T) {
 		if _, err := load(want); err == nil || !strings.Contains(err.Error(), env) {
 			t.Errorf("%v: %v, want %q", want, err, env)
 		}
+	}
+}
+
+// The ports' TLS: our variables, envoyproxy/ratelimit's as aliases of the gRPC port's, and
+// a problem named by its variable.
+func TestTLSVariables(t *testing.T) {
+	dir := t.TempDir()
+	ca, err := testpki.NewCA("config test CA")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := ca.Issue(testpki.Localhost("sidecar"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := ca.Write(p, dir, "sidecar"); err != nil {
+		t.Fatal(err)
+	}
+	load := func(env map[string]string) (*config.Config, error) {
+		return config.Load(func(k string) string { return env[k] })
+	}
+
+	c, err := load(map[string]string{"SIDECAR_HTTP_TLS_CERT_FILE": p.CertFile, "SIDECAR_HTTP_TLS_KEY_FILE": p.KeyFile})
+	if err != nil || c.HTTPTLS == nil || c.HTTPTLS.ClientAuth != tlsconfig.NoClientCert || c.GRPCTLS != nil {
+		t.Fatalf("HTTP port on TLS: %+v %v", c, err)
+	}
+	ref := map[string]string{"GRPC_SERVER_USE_TLS": "true", "GRPC_SERVER_TLS_CERT": p.CertFile, "GRPC_SERVER_TLS_KEY": p.KeyFile,
+		"GRPC_CLIENT_TLS_CACERT": p.CAFile, "GRPC_CLIENT_TLS_SAN": "envoy.edge.svc"}
+	c, err = load(ref)
+	if err != nil || c.GRPCTLS == nil || c.GRPCTLS.ClientAuth != tlsconfig.RequireClientCert ||
+		len(c.GRPCTLS.AllowedClients) != 1 || c.GRPCTLS.AllowedClients[0] != "envoy.edge.svc" {
+		t.Fatalf("the reference's variables: %+v %v", c.GRPCTLS, err)
+	}
+	ref["GRPC_SERVER_USE_TLS"] = "false"
+	if c, err = load(ref); err != nil || c.GRPCTLS != nil {
+		t.Fatalf("GRPC_SERVER_USE_TLS=false: %+v %v", c.GRPCTLS, err)
+	}
+	_, err = load(map[string]string{"SIDECAR_GRPC_TLS_CERT_FILE": p.CertFile, "SIDECAR_GRPC_TLS_KEY_FILE": p.CAFile})
+	if err == nil || !strings.Contains(err.Error(), "SIDECAR_GRPC_TLS_KEY_FILE") {
+		t.Fatalf("a key file that is not a key: %v", err)
 	}
 }

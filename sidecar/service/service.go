@@ -20,6 +20,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/valyala/fasthttp"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/keepalive"
@@ -27,6 +28,7 @@ import (
 
 	"github.com/converger/edge/shared/limiterpb"
 	"github.com/converger/edge/shared/netlimit"
+	"github.com/converger/edge/shared/tlsconfig"
 	"github.com/converger/edge/sidecar/authz"
 	"github.com/converger/edge/sidecar/cluster"
 	"github.com/converger/edge/sidecar/config"
@@ -170,7 +172,13 @@ func Start(cfg *config.Config, o Options) (*Sidecar, error) {
 
 	// Envoy's two services read their requests straight from the wire (envoywire); the
 	// others go through the standard proto codec.
-	s.grpc = grpc.NewServer(append(GRPCServerOptions(), append(append(tuning(), overloadOptions(s.Metrics)...), connectionAge(cfg), envoywire.ServerOption())...)...)
+	grpcTLS, err := grpcCredentials(cfg.GRPCTLS, log)
+	if err != nil {
+		return nil, err
+	}
+	opts := append(append(tuning(), overloadOptions(s.Metrics)...), connectionAge(cfg))
+	opts = append(append(opts, grpcTLS...), envoywire.ServerOption())
+	s.grpc = grpc.NewServer(append(GRPCServerOptions(), opts...)...)
 	envoywire.RegisterAuthorization(s.grpc, az)
 	envoywire.RegisterRateLimitService(s.grpc, rlsAPI)
 	var limitOverrides limitapi.Overrides
@@ -194,6 +202,12 @@ func Start(cfg *config.Config, o Options) (*Sidecar, error) {
 		return nil, fmt.Errorf("SIDECAR_HTTP_ADDR: %w", err)
 	}
 	hl := s.httpListener(raw, cfg, openFiles)
+	httpLn, err := tlsconfig.Listener(hl, cfg.HTTPTLS, tlsconfig.Options{Logger: log}, "http/1.1")
+	if err != nil {
+		gl.Close()
+		hl.Close()
+		return nil, err
+	}
 	s.GRPCAddr, s.HTTPAddr = gl.Addr(), hl.Addr()
 	mux := http.NewServeMux()
 	mux.Handle("/", ops.Handler(s.Metrics.Registry, s.readiness, s.debugCounter))
@@ -206,7 +220,7 @@ func Start(cfg *config.Config, o Options) (*Sidecar, error) {
 		}
 	})
 	s.wg.Go(func() {
-		if err := s.http.Serve(hl); err != nil {
+		if err := s.http.Serve(httpLn); err != nil {
 			s.errc <- fmt.Errorf("HTTP server: %w", err)
 		}
 	})
@@ -250,6 +264,20 @@ func connectionAge(cfg *config.Config) grpc.ServerOption {
 // goroutine, as without them.
 func tuning() []grpc.ServerOption {
 	return []grpc.ServerOption{grpc.NumStreamWorkers(uint32(32 * runtime.GOMAXPROCS(0)))}
+}
+
+// grpcCredentials are the gRPC server's options for TLS on its port (none for plain
+// text): the certificates of f, re-read when they change, and at most 10 s for a
+// client's handshake.
+func grpcCredentials(f *tlsconfig.ServerFiles, log *slog.Logger) ([]grpc.ServerOption, error) {
+	if f == nil {
+		return nil, nil
+	}
+	t, err := tlsconfig.NewServer(f, tlsconfig.Options{Logger: log}, "h2")
+	if err != nil {
+		return nil, err
+	}
+	return []grpc.ServerOption{grpc.Creds(credentials.NewTLS(t.Config())), grpc.ConnectionTimeout(10 * time.Second)}, nil
 }
 
 // Err reports a server that stopped on its own.

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/converger/edge/bench/authzload"
+	"github.com/converger/edge/bench/benchtls"
 	"github.com/converger/edge/bench/clusterload"
 	"github.com/converger/edge/bench/coreload"
 	"github.com/converger/edge/bench/noop"
@@ -92,6 +93,9 @@ type loadTest struct {
 	validate func(fs *flag.FlagSet, args []string) error
 	run      func(ctx context.Context) (missed bool, err error)
 	outputs  map[string]*string
+	// mutualTLS offers -mtls: the gRPC connections to the sidecar and the no-op over
+	// mutual TLS (bench/benchtls).
+	mutualTLS bool
 }
 
 // resultsDir holds the committed figures; a run writes there only with -update-results.
@@ -103,8 +107,20 @@ func runLoad(ctx context.Context, name string, args []string, t loadTest) int {
 	fs := flag.NewFlagSet("bench "+name, flag.ContinueOnError)
 	t.flags(fs)
 	update := fs.Bool("update-results", false, "write the report into "+resultsDir+" (the committed figures) instead of a new folder under bench/out/")
+	var mtls *bool
+	if t.mutualTLS {
+		mtls = fs.Bool("mtls", false, "the gRPC connections to the sidecar and to the no-op over mutual TLS, with certificates made for the run")
+	}
 	if code, done := parse(fs, args); done {
 		return code
+	}
+	if mtls != nil && *mtls {
+		cleanup, err := benchtls.Enable()
+		if err != nil {
+			fmt.Fprintf(os.Stderr, "bench %s: %v\n", name, err)
+			return 1
+		}
+		defer cleanup()
 	}
 	if err := t.validate(fs, args); err != nil {
 		fmt.Fprintf(os.Stderr, "bench %s: %v\n", name, err)
@@ -159,7 +175,8 @@ func runAuthzLoad(ctx context.Context, name string, args []string, cfg authzload
 			rep, err := authzload.Run(ctx, cfg, os.Stdout, os.Stderr)
 			return err == nil && cfg.Strict && !rep.Pass, err
 		},
-		outputs: map[string]*string{"out": &cfg.Out, "overload-out": &cfg.Overload.Out},
+		outputs:   map[string]*string{"out": &cfg.Out, "overload-out": &cfg.Overload.Out},
+		mutualTLS: true,
 	})
 }
 
@@ -229,7 +246,8 @@ func runRLS(ctx context.Context, name string, args []string) int {
 			rep, err := rlsload.Run(ctx, cfg, os.Stdout, os.Stderr)
 			return err == nil && cfg.Strict && !rep.Pass, err
 		},
-		outputs: map[string]*string{"out": &cfg.Out, "overload-out": &cfg.Overload.Out},
+		mutualTLS: true,
+		outputs:   map[string]*string{"out": &cfg.Out, "overload-out": &cfg.Overload.Out},
 	})
 }
 
