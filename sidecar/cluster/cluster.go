@@ -159,7 +159,16 @@ func Start(cfg Config, lim *limiter.Limiter) (*Cluster, error) {
 	mc.Events = (*events)(c)
 	mc.SecretKey = cfg.SecretKey
 	mc.Logger = log.New(&logWriter{log: c.log}, "", 0)
+	tr, err := newCountingTransport(bindHost, bindPort, mc.Logger, c.m)
+	if err != nil {
+		return nil, fmt.Errorf("cluster: %w", err)
+	}
+	if bindPort == 0 {
+		mc.BindPort, mc.AdvertisePort = tr.GetAutoBindPort(), tr.GetAutoBindPort()
+	}
+	mc.Transport = tr
 	if c.ml, err = memberlist.Create(mc); err != nil {
+		_ = tr.Shutdown()
 		return nil, fmt.Errorf("cluster: %w", err)
 	}
 	c.log.Info("cluster node started", "bind", cfg.BindAddr, "origin", c.origin,
@@ -408,8 +417,6 @@ func (c *Cluster) flush(now int64) {
 				c.m.sendErrors.Inc()
 				continue
 			}
-			c.m.messages.WithLabelValues("sent").Inc()
-			c.m.bytes.WithLabelValues("sent").Add(float64(len(msg)))
 		}
 	}
 }
@@ -504,8 +511,6 @@ func (d *delegate) NotifyMsg(b []byte) {
 		c.m.malformed.Inc()
 		return
 	}
-	c.m.messages.WithLabelValues("received").Inc()
-	c.m.bytes.WithLabelValues("received").Add(float64(len(b)))
 	c.m.mergeLag.Observe(float64(max(c.nowMS()-m.sentAt, 0)) / 1000)
 	if m.origin != c.origin {
 		c.heard(m.origin, m.sentAt, c.nowMS())
