@@ -158,6 +158,9 @@ func Start(cfg Config, lim *limiter.Limiter) (*Cluster, error) {
 	mc.Delegate = (*delegate)(c)
 	mc.Events = (*events)(c)
 	mc.SecretKey = cfg.SecretKey
+	// Sync messages are compressed once per flush (compress.go), not by memberlist for
+	// every packet and member; its own probes and gossip are small.
+	mc.EnableCompression = false
 	mc.Logger = log.New(&logWriter{log: c.log}, "", 0)
 	tr, err := newCountingTransport(bindHost, bindPort, mc.Logger, c.m)
 	if err != nil {
@@ -395,22 +398,28 @@ func (c *Cluster) flush(now int64) {
 	if len(res.values) == 0 {
 		return
 	}
-	// Version 2 to the members that announce it, version 1 to the others.
+	// The newest version each member announces, encoded once per flush for all of them:
+	// 3 (compressed), 2 (with share mode's fields), else 1.
 	msgs := map[byte][][]byte{}
 	for _, n := range c.peers() {
 		ver := version1
-		if len(n.Meta) > 0 && n.Meta[0] >= version2 {
-			ver = version2
+		if len(n.Meta) > 0 {
+			ver = min(max(n.Meta[0], version1), version)
 		}
 		if msgs[ver] == nil {
 			p := newPacker(now, c.origin, maxPacket)
-			if ver == version2 {
+			if ver >= version2 {
 				p = newPacker2(now, c.origin, maxPacket)
 			}
 			for _, v := range res.values {
 				p.add(v)
 			}
 			msgs[ver] = p.messages()
+			if ver == version3 {
+				for i, m := range msgs[ver] {
+					msgs[ver][i] = compress3(m)
+				}
+			}
 		}
 		for _, msg := range msgs[ver] {
 			if err := c.ml.SendBestEffort(&n, msg); err != nil {
