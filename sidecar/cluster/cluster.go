@@ -407,18 +407,17 @@ func (c *Cluster) flush(now int64) {
 			ver = min(max(n.Meta[0], version1), version)
 		}
 		if msgs[ver] == nil {
-			p := newPacker(now, c.origin, maxPacket)
-			if ver >= version2 {
-				p = newPacker2(now, c.origin, maxPacket)
-			}
-			for _, v := range res.values {
-				p.add(v)
-			}
-			msgs[ver] = p.messages()
 			if ver == version3 {
-				for i, m := range msgs[ver] {
-					msgs[ver][i] = compress3(m)
+				msgs[ver] = pack3(now, c.origin, res.values)
+			} else {
+				p := newPacker(now, c.origin, maxPacket)
+				if ver == version2 {
+					p = newPacker2(now, c.origin, maxPacket)
 				}
+				for _, v := range res.values {
+					p.add(v)
+				}
+				msgs[ver] = p.messages()
 			}
 		}
 		for _, msg := range msgs[ver] {

@@ -15,6 +15,38 @@ import (
 //
 //	message3 := version(1 byte: 3) deflate(message of version 2)
 
+// rawPerPacket3 is how much a version 3 packet is filled before compression: values of
+// client addresses and ids compress to a third to a half, so that one packet carries two
+// to three times the values of a version 2 one. A message that compresses to more than
+// maxPacket is split again at maxPacket (which compresses to at most a few bytes more).
+const rawPerPacket3 = 3 * maxPacket
+
+// pack3 encodes values into version 3 messages of at most about maxPacket bytes.
+func pack3(sentAt int64, origin string, values []value) [][]byte {
+	p := newPacker2(sentAt, origin, rawPerPacket3)
+	for _, v := range values {
+		p.add(v)
+	}
+	var out [][]byte
+	i := 0
+	for j, m := range p.messages() {
+		seg := values[i : i+p.counts[j]]
+		i += p.counts[j]
+		if c := compress3(m); len(c) <= maxPacket {
+			out = append(out, c)
+			continue
+		}
+		q := newPacker2(sentAt, origin, maxPacket)
+		for _, v := range seg {
+			q.add(v)
+		}
+		for _, m := range q.messages() {
+			out = append(out, compress3(m))
+		}
+	}
+	return out
+}
+
 // maxInflated bounds what a version 3 message may inflate to: a message is at most one
 // packet of values, which compresses a few times at best; anything larger is hostile.
 const maxInflated = 64 << 10

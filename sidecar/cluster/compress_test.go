@@ -3,6 +3,10 @@ package cluster
 import (
 	"bytes"
 	"compress/flate"
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"reflect"
 	"testing"
 )
 
@@ -73,4 +77,55 @@ func TestVersion3Rejects(t *testing.T) {
 	if _, err := decode(v3); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// TestPack3 packs a large flush into compressed packets that each fit maxPacket, carrying
+// every value once and in order: fewer packets than version 2 for client addresses, and
+// split again when the values do not compress.
+func TestPack3(t *testing.T) {
+	const origin = "node-1#0123456789abcdef"
+	for _, tc := range []struct {
+		name  string
+		id    func(i int) string
+		fewer bool
+	}{
+		{"addresses", func(i int) string { return fmt.Sprintf("198.18.%d.%d", i/250, i%250) }, true},
+		{"random", func(int) string { return hex.EncodeToString(randBytes(40)) }, false},
+	} {
+		var values []value
+		for i := range 500 {
+			values = append(values, value{bucket: "token_create", id: tc.id(i), sizeMS: 60_000, endMS: 1_700_000_060_000,
+				count: uint32(i), share: true, limit: 100})
+		}
+		msgs := pack3(1_700_000_000_000, origin, values)
+		p := newPacker2(1_700_000_000_000, origin, maxPacket)
+		for _, v := range values {
+			p.add(v)
+		}
+		v2 := len(p.messages())
+		var got []value
+		for _, m := range msgs {
+			if len(m) > maxPacket+16 {
+				t.Fatalf("%s: a %d-byte packet", tc.name, len(m))
+			}
+			d, err := decode(m)
+			if err != nil {
+				t.Fatal(err)
+			}
+			got = append(got, d.values...)
+		}
+		if !reflect.DeepEqual(got, values) {
+			t.Fatalf("%s: %d values decoded of %d, or not the same", tc.name, len(got), len(values))
+		}
+		if tc.fewer && len(msgs)*2 > v2 {
+			t.Errorf("%s: %d compressed packets against %d of version 2", tc.name, len(msgs), v2)
+		}
+		t.Logf("%s: %d packets, version 2 %d", tc.name, len(msgs), v2)
+	}
+}
+
+func randBytes(n int) []byte {
+	b := make([]byte, n)
+	_, _ = rand.Read(b)
+	return b
 }

@@ -75,6 +75,7 @@ type packer struct {
 	body    []byte // values of the message being filled
 	n       int
 	tmp     []byte
+	counts  []int // values in each message out
 }
 
 // newPacker returns a packer of version 1 messages; newPacker2 of version 2.
@@ -121,6 +122,7 @@ func (p *packer) close() {
 		return
 	}
 	p.out = append(p.out, append(p.header(p.n), p.body...))
+	p.counts = append(p.counts, p.n)
 	p.body, p.n = nil, 0
 }
 
