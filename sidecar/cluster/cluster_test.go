@@ -148,9 +148,10 @@ func TestSyncSplitsLargeBatches(t *testing.T) {
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
-	// Each value is about 60 bytes: 500 of them do not fit in one 1200-byte message.
+	// Each value is about 60 bytes: 500 of them do not fit in one message, even
+	// compressed (a packet is filled to rawPerPacket3 before compression).
 	sent := counter(t, a.m.messages.WithLabelValues("sent")) - sentBefore
-	if sent < keys*60/maxPacket {
+	if sent < keys*60/rawPerPacket3 {
 		t.Fatalf("%v messages for %d values", sent, keys)
 	}
 	if got := counter(t, b.m.malformed); got != 0 {
