@@ -129,6 +129,7 @@ type ScaleReport struct {
 	Machine runinfo.Machine
 	Load    [2]string // load average at the start and end
 	Rows    []ScaleRow
+	Failed  error // the row that stopped the run, if one did
 }
 
 // scaleLimit is far above what any key gets in a window: a refusal is below the limit.
@@ -161,14 +162,25 @@ func RunScale(ctx context.Context, cfg ScaleConfig, stdout, stderr io.Writer) (*
 	rep := &ScaleReport{Config: cfg, Started: time.Now(), Machine: runinfo.Describe(ctx)}
 	rep.Load[0] = runinfo.LoadAvg()
 	keyBase := 0
+	var failed error
+rows:
 	for _, n := range cfg.Nodes {
 		for _, keys := range cfg.Keys {
 			for _, b := range bins {
+				// A row whose cluster could not be started or read (a machine too busy to
+				// answer /metrics in time) is tried once more; then the report is written
+				// with the rows done.
 				row, err := scaleOnce(ctx, b.path, limits, n, keys, keyBase, cfg, stderr)
-				if err != nil {
-					return nil, fmt.Errorf("%s, N=%d, %d keys: %w", b.name, n, keys, err)
-				}
 				keyBase += keys
+				if err != nil && ctx.Err() == nil {
+					logf("%s, N=%d, %d keys: %v; once more", b.name, n, keys, err)
+					row, err = scaleOnce(ctx, b.path, limits, n, keys, keyBase, cfg, stderr)
+					keyBase += keys
+				}
+				if err != nil {
+					failed = fmt.Errorf("%s, N=%d, %d keys: %w", b.name, n, keys, err)
+					break rows
+				}
 				row.Binary = b.name
 				logf("%-4s N=%-2d keys=%-4d cpu/node %.3f  served/node %.0f/s  refused %d  sent %.1f KB/s %.0f msg/s  received %.1f KB/s %.0f msg/s",
 					b.name, n, keys, row.CPU, row.Served, row.Refused, row.BytesOut/1000, row.MsgsOut, row.BytesIn/1000, row.MsgsIn)
@@ -177,6 +189,7 @@ func RunScale(ctx context.Context, cfg ScaleConfig, stdout, stderr io.Writer) (*
 		}
 	}
 	rep.Load[1] = runinfo.LoadAvg()
+	rep.Failed = failed
 	var b strings.Builder
 	rep.WriteMarkdown(&b)
 	fmt.Fprint(stdout, b.String())
@@ -187,7 +200,7 @@ func RunScale(ctx context.Context, cfg ScaleConfig, stdout, stderr io.Writer) (*
 		}
 		logf("report: %s", path)
 	}
-	return rep, nil
+	return rep, failed
 }
 
 // scaleOnce starts a cluster of n, loads it and measures the nodes.
@@ -281,6 +294,9 @@ func (r *ScaleReport) WriteMarkdown(w io.Writer) {
 	for _, x := range r.Rows {
 		fmt.Fprintf(w, "| %s | %d | %d | %.3f | %.2f | %.0f | %d | %d | %.1f | %.0f | %.1f | %.0f | %.2f |\n",
 			x.Binary, x.Nodes, x.Keys, x.CPU, x.Other, x.Served, x.Refused, x.Errors, x.BytesOut/1000, x.MsgsOut, x.BytesIn/1000, x.MsgsIn, x.Transfer/1000)
+	}
+	if r.Failed != nil {
+		fmt.Fprintf(w, "\nThe run stopped early: %v.\n", r.Failed)
 	}
 	fmt.Fprintf(w, "\n")
 	// Growth with N, per binary and key count: the largest N against the smallest above 1,
