@@ -296,7 +296,7 @@ func (r *ScaleReport) WriteMarkdown(w io.Writer) {
 			x.Binary, x.Nodes, x.Keys, x.CPU, x.Other, x.Served, x.Refused, x.Errors, x.BytesOut/1000, x.MsgsOut, x.BytesIn/1000, x.MsgsIn, x.Transfer/1000)
 	}
 	if r.Failed != nil {
-		fmt.Fprintf(w, "\nThe run stopped early: %v.\n", r.Failed)
+		fmt.Fprintf(w, "\nThe run stopped early: %s.\n", strings.ReplaceAll(r.Failed.Error(), "\n", "; "))
 	}
 	fmt.Fprintf(w, "\n")
 	// Growth with N, per binary and key count: the largest N against the smallest above 1,
