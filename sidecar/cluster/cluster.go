@@ -158,8 +158,20 @@ func Start(cfg Config, lim *limiter.Limiter) (*Cluster, error) {
 	mc.Delegate = (*delegate)(c)
 	mc.Events = (*events)(c)
 	mc.SecretKey = cfg.SecretKey
+	// Sync messages are compressed once per flush (compress.go), not by memberlist for
+	// every packet and member; its own probes and gossip are small.
+	mc.EnableCompression = false
 	mc.Logger = log.New(&logWriter{log: c.log}, "", 0)
+	tr, err := newCountingTransport(bindHost, bindPort, mc.Logger, c.m)
+	if err != nil {
+		return nil, fmt.Errorf("cluster: %w", err)
+	}
+	if bindPort == 0 {
+		mc.BindPort, mc.AdvertisePort = tr.GetAutoBindPort(), tr.GetAutoBindPort()
+	}
+	mc.Transport = tr
 	if c.ml, err = memberlist.Create(mc); err != nil {
+		_ = tr.Shutdown()
 		return nil, fmt.Errorf("cluster: %w", err)
 	}
 	c.log.Info("cluster node started", "bind", cfg.BindAddr, "origin", c.origin,
@@ -386,30 +398,33 @@ func (c *Cluster) flush(now int64) {
 	if len(res.values) == 0 {
 		return
 	}
-	// Version 2 to the members that announce it, version 1 to the others.
+	// The newest version each member announces, encoded once per flush for all of them:
+	// 3 (compressed), 2 (with share mode's fields), else 1.
 	msgs := map[byte][][]byte{}
 	for _, n := range c.peers() {
 		ver := version1
-		if len(n.Meta) > 0 && n.Meta[0] >= version2 {
-			ver = version2
+		if len(n.Meta) > 0 {
+			ver = min(max(n.Meta[0], version1), version)
 		}
 		if msgs[ver] == nil {
-			p := newPacker(now, c.origin, maxPacket)
-			if ver == version2 {
-				p = newPacker2(now, c.origin, maxPacket)
+			if ver == version3 {
+				msgs[ver] = pack3(now, c.origin, res.values)
+			} else {
+				p := newPacker(now, c.origin, maxPacket)
+				if ver == version2 {
+					p = newPacker2(now, c.origin, maxPacket)
+				}
+				for _, v := range res.values {
+					p.add(v)
+				}
+				msgs[ver] = p.messages()
 			}
-			for _, v := range res.values {
-				p.add(v)
-			}
-			msgs[ver] = p.messages()
 		}
 		for _, msg := range msgs[ver] {
 			if err := c.ml.SendBestEffort(&n, msg); err != nil {
 				c.m.sendErrors.Inc()
 				continue
 			}
-			c.m.messages.WithLabelValues("sent").Inc()
-			c.m.bytes.WithLabelValues("sent").Add(float64(len(msg)))
 		}
 	}
 }
@@ -504,8 +519,6 @@ func (d *delegate) NotifyMsg(b []byte) {
 		c.m.malformed.Inc()
 		return
 	}
-	c.m.messages.WithLabelValues("received").Inc()
-	c.m.bytes.WithLabelValues("received").Add(float64(len(b)))
 	c.m.mergeLag.Observe(float64(max(c.nowMS()-m.sentAt, 0)) / 1000)
 	if m.origin != c.origin {
 		c.heard(m.origin, m.sentAt, c.nowMS())

@@ -33,6 +33,7 @@ type command struct {
 var commands = []command{
 	{"authz", "load-test the sidecar's ext_authz Check against a no-op server (throughput, p50, p99, ratios)", runAuthz},
 	{"cluster", "sidecar clusters: allowed per window against the limit, and sync traffic, by cluster size, sync interval and share mode", runCluster},
+	{"cluster-scale", "what replication costs each node as the cluster grows: CPU, traffic, checks served and refused per node at N = 1, 3, 10, 20, against a baseline binary", runClusterScale},
 	{"core", "activity POSTs through the core against pgx inserting the same rows directly (throughput, p50, p99, ratios)", runCore},
 	{"forward-auth", "load-test the sidecar's HTTP forward-auth check against a no-op HTTP handler, and Caddy and nginx with the check against without it", runForwardAuth},
 	{"rls", "load-test the sidecar's rate limit service (ShouldRateLimit) against a no-op server: hot key, many keys, keys over limit", runRLS},
@@ -196,6 +197,25 @@ func runCluster(ctx context.Context, name string, args []string) int {
 			return err == nil && cfg.Strict && !(rep.AimPass && rep.SinglePass), err
 		},
 		outputs: map[string]*string{"out": &cfg.Out, "plot": &cfg.Plot},
+	})
+}
+
+func runClusterScale(ctx context.Context, name string, args []string) int {
+	cfg := clusterload.DefaultScaleConfig()
+	return runLoad(ctx, name, args, loadTest{
+		flags: cfg.RegisterFlags,
+		validate: func(fs *flag.FlagSet, args []string) error {
+			set := map[string]bool{}
+			fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+			cfg.ApplyQuick(set)
+			cfg.Args = args
+			return cfg.Validate()
+		},
+		run: func(ctx context.Context) (bool, error) {
+			_, err := clusterload.RunScale(ctx, cfg, os.Stdout, os.Stderr)
+			return false, err
+		},
+		outputs: map[string]*string{"out": &cfg.Out},
 	})
 }
 

@@ -75,10 +75,16 @@ func start(t *testing.T, env map[string]string) *sidecar {
 // when netns is "".
 func startIn(t *testing.T, netns string, env map[string]string) *sidecar {
 	t.Helper()
-	cmd := exec.Command(binary)
+	return startBinary(t, netns, binary, env)
+}
+
+// startBinary starts the sidecar binary bin (binary, or another release's).
+func startBinary(t *testing.T, netns, bin string, env map[string]string) *sidecar {
+	t.Helper()
+	cmd := exec.Command(bin)
 	if netns != "" {
 		// ip execs the sidecar in its own process: signals and Pdeathsig reach it.
-		cmd = exec.Command("ip", "netns", "exec", netns, binary)
+		cmd = exec.Command("ip", "netns", "exec", netns, bin)
 	}
 	for _, kv := range os.Environ() {
 		keep := true
