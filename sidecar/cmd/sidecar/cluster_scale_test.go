@@ -20,7 +20,29 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/converger/edge/shared/cmdline/cmdlinetest"
 )
+
+// plainBinary is the sidecar built without the race detector, once, for the 20-node
+// test: 20 race-instrumented processes (several times the CPU and memory each) starve
+// two cores shared with other builds until memberlist declares live members dead. The
+// cluster code runs under the race detector in the 3-node tests and the package's own.
+var plainBinary = sync.OnceValues(func() (string, error) {
+	dir := filepath.Dir(binary)
+	out := filepath.Join(dir, "sidecar-plain")
+	var flags []string
+	for _, f := range cmdlinetest.BuildFlags {
+		if f != "-race" {
+			flags = append(flags, f)
+		}
+	}
+	build := exec.Command("go", append(append([]string{"build"}, flags...), "-o", out, ".")...)
+	if msg, err := build.CombinedOutput(); err != nil {
+		return "", fmt.Errorf("building the sidecar without -race: %v: %s", err, msg)
+	}
+	return out, nil
+})
 
 // longClusterTests says whether the long cluster tests run (CLUSTER_TEST_LONG=1).
 func longClusterTests() bool { return os.Getenv("CLUSTER_TEST_LONG") == "1" }
@@ -43,7 +65,7 @@ func restartNode(t *testing.T, old *node) *node {
 	t.Helper()
 	env := maps.Clone(old.env)
 	env["SIDECAR_GRPC_ADDR"], env["SIDECAR_HTTP_ADDR"] = old.grpcAddr, old.httpAddr
-	n := startNodeClients(t, old.netns, startIn(t, old.netns, env))
+	n := startNodeClients(t, old.netns, startBinary(t, old.bin, old.netns, env))
 	n.name, n.env = old.name, env
 	t.Cleanup(func() { terminate(t, n) })
 	return n
@@ -351,6 +373,10 @@ func TestCluster20(t *testing.T) {
 	t.Parallel()
 	const size, dnsNodes = 20, 4
 	tn := newTestNet(t, size)
+	bin, err := plainBinary()
+	if err != nil {
+		t.Fatal(err)
+	}
 	limits := strings.Replace(hourLimits, "limits:\n", "limits:\n  activity_create: {limit: 60, window: 2s}\n", 1)
 	path := writeTemp(t, "limits.yaml", limits)
 	offset := clockOffset(time.Hour)
@@ -375,7 +401,7 @@ func TestCluster20(t *testing.T) {
 		env["SIDECAR_GRPC_ADDR"] = tn.addr(i) + ":8081"
 		env["SIDECAR_HTTP_ADDR"] = tn.addr(i) + ":8082"
 		envs = append(envs, env)
-		procs = append(procs, startIn(t, tn.ns[i], env))
+		procs = append(procs, startBinary(t, bin, tn.ns[i], env))
 	}
 	var nodes []*node
 	t.Cleanup(func() { terminate(t, nodes...) })
