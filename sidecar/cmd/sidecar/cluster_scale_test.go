@@ -417,7 +417,8 @@ func TestCluster20(t *testing.T) {
 		serving.Round(time.Millisecond), settled.Round(time.Millisecond))
 
 	const bucket = "login_ip" // 5 an hour
-	if !t.Run("sigterm hands over, restart gets the windows", func(t *testing.T) {
+	// sigterm hands over, restart gets the windows
+	func() {
 		const before, onStopped = "203.0.113.20", "203.0.113.21"
 		for range 5 {
 			nodes[0].check(bucket, before)
@@ -453,11 +454,10 @@ func TestCluster20(t *testing.T) {
 		}
 		back := waitMembers(t, nodes, all, 30*time.Second)
 		t.Logf("n5 back: serving %v after it started, with the current windows; seen by all 20 %v after", serving.Round(time.Millisecond), back.Round(time.Millisecond))
-	}) {
-		return
-	}
+	}()
 
-	if !t.Run("netsplit 12 + 8", func(t *testing.T) {
+	// netsplit 12 + 8
+	func() {
 		const k = "203.0.113.30"
 		var a, b []int
 		for i := range size {
@@ -510,21 +510,19 @@ func TestCluster20(t *testing.T) {
 		members := waitMembers(t, nodes, all, 30*time.Second)
 		t.Logf("healed: every node counts 5 + 5 = 10 %v after, lists all 20 %v after", conv.Round(time.Millisecond), time.Since(heal).Round(time.Millisecond))
 		_ = members
-	}) {
-		return
-	}
+	}()
 
 	if !longClusterTests() {
 		t.Log("rolling restart of 20 under load: CLUSTER_TEST_LONG=1")
 		return
 	}
-	t.Run("rolling restart under load", func(t *testing.T) {
+	func() { // rolling restart under load
 		const limit, window = 60, 2000
 		r, after := rollingRestart(t, nodes, "activity_create", "tenant-20", window, offset, limit, 1.5)
 		copy(nodes, after)
 		t.Logf("rolling restart of 20, limit %d per 2 s window, offered 1.5 × L: %v", limit, r)
 		checkRolling(t, r, limit)
-	})
+	}()
 }
 
 func pick(nodes []*node, idx []int) []*node {
