@@ -75,9 +75,6 @@ const (
 	// firstJoinWait bounds how long Start waits for the first join and its state
 	// transfer before the node serves.
 	firstJoinWait = 3 * time.Second
-	// probeInterval and probeTimeout are memberlist's failure detector's (see Start).
-	probeInterval = 2 * time.Second
-	probeTimeout  = time.Second
 )
 
 // Cluster is a running node.
@@ -163,15 +160,6 @@ func Start(cfg Config, lim *limiter.Limiter) (*Cluster, error) {
 	if cfg.PushPullInterval > 0 {
 		mc.PushPullInterval = cfg.PushPullInterval
 	}
-	// memberlist's LAN defaults (a probe every second, 500 ms for its answer) suit hosts
-	// with CPU to spare; a sidecar shares its pod's CPU, and one stalled for half a second
-	// (a busy node, a CPU limit's throttling) was declared dead and came back, each time
-	// a state exchange with every member and share mode's claims dropped and set again:
-	// at 20 members on two busy cores, members flapped for minutes. A second for the
-	// answer and a probe every two: a stopped member is still gone at once (it says so,
-	// Leave), a killed one in about 4 × log10(N) × 2 s after the first failed probe.
-	mc.ProbeInterval = probeInterval
-	mc.ProbeTimeout = probeTimeout
 	mc.Delegate = (*delegate)(c)
 	mc.Events = (*events)(c)
 	mc.SecretKey = cfg.SecretKey
