@@ -104,10 +104,10 @@ type rollingLoad struct {
 	windowMS, offsetMS int64
 	limit              int
 
-	mu      sync.RWMutex // held for writing to change the members
-	members []*node
-	up      []bool
-	inUse   []sync.RWMutex // a check holds its member's for reading
+	mu       sync.RWMutex // held for writing to change the members
+	members  []*node
+	up       []bool
+	inFlight []sync.WaitGroup // the checks sent to each member and not answered yet
 
 	tallyMu sync.Mutex
 	tally   map[int64]*windowTally
@@ -149,10 +149,10 @@ func (l *rollingLoad) run(rate float64, stop <-chan struct{}) {
 			continue
 		}
 		n := l.members[i]
-		l.inUse[i].RLock()
+		l.inFlight[i].Add(1) // under l.mu: none once the member is marked down
 		l.mu.RUnlock()
 		wg.Go(func() {
-			defer l.inUse[i].RUnlock()
+			defer l.inFlight[i].Done()
 			sent := l.clock()
 			ctx, cancel := n.ctx()
 			r, err := n.limiter.Check(ctx, l.bucket, l.key, 1)
@@ -186,8 +186,7 @@ func (l *rollingLoad) setUp(i int, n *node, up bool) {
 	l.mu.Lock()
 	l.up[i] = false
 	l.mu.Unlock()
-	l.inUse[i].Lock() // the checks in flight on it are answered
-	l.inUse[i].Unlock()
+	l.inFlight[i].Wait() // the checks in flight on it are answered
 	if up {
 		l.mu.Lock()
 		l.members[i], l.up[i] = n, true
@@ -228,7 +227,7 @@ func (l *rollingLoad) result() loadResult {
 func rollingRestart(t *testing.T, nodes []*node, bucket, key string, windowMS, offsetMS int64, limit int, load float64) (loadResult, []*node) {
 	t.Helper()
 	l := &rollingLoad{t: t, bucket: bucket, key: key, windowMS: windowMS, offsetMS: offsetMS, limit: limit,
-		members: slices.Clone(nodes), up: make([]bool, len(nodes)), inUse: make([]sync.RWMutex, len(nodes)),
+		members: slices.Clone(nodes), up: make([]bool, len(nodes)), inFlight: make([]sync.WaitGroup, len(nodes)),
 		tally: map[int64]*windowTally{}}
 	for i := range l.up {
 		l.up[i] = true
