@@ -72,6 +72,9 @@ const (
 	maxPacket = 1200
 	// maxState bounds a state transfer below memberlist's 20 MB limit.
 	maxState = 16 << 20
+	// firstJoinWait bounds how long Start waits for the first join and its state
+	// transfer before the node serves.
+	firstJoinWait = 3 * time.Second
 )
 
 // Cluster is a running node.
@@ -90,6 +93,7 @@ type Cluster struct {
 	stop         chan struct{}
 	wg           sync.WaitGroup
 	stopOnce     sync.Once
+	firstJoin    chan struct{} // closed after the first join attempt
 
 	membersMu sync.Mutex
 	members   map[string]memberlist.Node // live members, copied in the events
@@ -129,13 +133,14 @@ func Start(cfg Config, lim *limiter.Limiter) (*Cluster, error) {
 		return nil, err
 	}
 	c := &Cluster{
-		cfg:     cfg,
-		lim:     lim,
-		origin:  cfg.NodeName + "#" + hex.EncodeToString(inc[:]),
-		log:     cfg.Logger.With("node", cfg.NodeName),
-		stop:    make(chan struct{}),
-		gone:    map[string]struct{}{},
-		members: map[string]memberlist.Node{},
+		cfg:       cfg,
+		lim:       lim,
+		origin:    cfg.NodeName + "#" + hex.EncodeToString(inc[:]),
+		log:       cfg.Logger.With("node", cfg.NodeName),
+		stop:      make(chan struct{}),
+		firstJoin: make(chan struct{}),
+		gone:      map[string]struct{}{},
+		members:   map[string]memberlist.Node{},
 	}
 	c.rep = newReplicator(lim, c.origin, cfg.ShareMode)
 	if cfg.Traffic != nil {
@@ -186,20 +191,19 @@ func Start(cfg Config, lim *limiter.Limiter) (*Cluster, error) {
 		c.wg.Go(c.joinStatic)
 	case "dns":
 		c.wg.Go(c.joinDNS)
+	default:
+		close(c.firstJoin)
+	}
+	// A node that serves before its first join would count from zero what the others
+	// have already counted in the current windows: wait for the join's state transfer,
+	// at most firstJoinWait (peers that do not answer, such as the first node of a
+	// cluster, must not keep it from serving).
+	select {
+	case <-c.firstJoin:
+	case <-time.After(firstJoinWait):
+		c.log.Warn("serving before the first join finished", "waited", firstJoinWait)
 	}
 	return c, nil
-}
-
-// Stop leaves the cluster and stops replicating.
-func (c *Cluster) Stop() {
-	c.stopOnce.Do(func() {
-		close(c.stop)
-		c.wg.Wait()
-		if err := c.ml.Leave(time.Second); err != nil {
-			c.log.Debug("leaving the cluster", "error", err)
-		}
-		_ = c.ml.Shutdown()
-	})
 }
 
 // Members returns the number of live members, this node included.
@@ -252,9 +256,11 @@ func (c *Cluster) joinStatic() {
 	peers := c.others(c.cfg.Join)
 	if len(peers) == 0 {
 		c.log.Info("no other peer configured: serving as a cluster of one")
+		close(c.firstJoin)
 		return
 	}
 	delay := 500 * time.Millisecond
+	first := true
 	for {
 		if missing := c.missing(peers); len(missing) > 0 {
 			n, err := c.ml.Join(missing)
@@ -268,6 +274,10 @@ func (c *Cluster) joinStatic() {
 			default:
 				c.log.Debug("configured peers that are not members did not answer", "peers", missing, "error", err)
 			}
+		}
+		if first {
+			close(c.firstJoin)
+			first = false
 		}
 		select {
 		case <-c.stop:
@@ -299,6 +309,7 @@ func (c *Cluster) joinDNS() {
 	_, port, _ := splitHostPort(c.cfg.BindAddr)
 	t := time.NewTicker(c.cfg.DNSInterval)
 	defer t.Stop()
+	first := true
 	for {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		addrs, err := net.DefaultResolver.LookupHost(ctx, c.cfg.DNSName)
@@ -325,6 +336,10 @@ func (c *Cluster) joinDNS() {
 					c.log.Debug("no peer found in DNS answered", "targets", targets, "error", err)
 				}
 			}
+		}
+		if first {
+			close(c.firstJoin)
+			first = false
 		}
 		select {
 		case <-c.stop:

@@ -59,6 +59,7 @@ var configVars = []string{"SIDECAR_", "DATABASE_URL", "RATE_LIMIT_", "CLUSTER_",
 // sidecar is a sidecar process.
 type sidecar struct {
 	t      *testing.T
+	bin    string // the build it runs
 	cmd    *exec.Cmd
 	stderr *logLines
 	done   chan struct{} // closed when the process has exited
@@ -100,7 +101,7 @@ func startBinary(t *testing.T, netns, bin string, env map[string]string) *sideca
 	for k, v := range env {
 		cmd.Env = append(cmd.Env, k+"="+v)
 	}
-	s := &sidecar{t: t, cmd: cmd, stderr: newLogLines(), done: make(chan struct{})}
+	s := &sidecar{t: t, bin: bin, cmd: cmd, stderr: newLogLines(), done: make(chan struct{})}
 	cmd.Stdout = io.Discard
 	cmd.Stderr = s.stderr
 	// The sidecar never outlives the test binary.
