@@ -141,6 +141,17 @@ func New(d Deps) (*fiber.App, *Listener) {
 	if d.MaxInFlight <= 0 {
 		d.MaxInFlight = defaultMaxInFlight
 	}
+	for _, v := range []struct {
+		dst *int
+		def int
+	}{
+		{&d.MaxStreamsPerToken, defaultMaxStreamsPerToken}, {&d.MaxStreamsPerConversation, defaultMaxStreamsPerConversation},
+		{&d.MaxSocketsPerIP, defaultMaxSocketsPerIP},
+	} {
+		if *v.dst <= 0 {
+			*v.dst = v.def
+		}
+	}
 	if d.BodyBudgetMB <= 0 {
 		d.BodyBudgetMB = defaultBodyBudgetMB
 	}
@@ -151,6 +162,7 @@ func New(d Deps) (*fiber.App, *Listener) {
 		inFlight: newAdmission(d.MaxInFlight), apiKeys: newAPIKeyCache(d.Now),
 		bodies: bodybudget.New(int64(d.BodyBudgetMB)<<20, int64(d.BodyBudgetPerIPMB)<<20)}
 	s.registerBodyMetrics()
+	s.registerSocketMetrics()
 	app := fiber.New(fiber.Config{
 		AppName:               "converger-core",
 		DisableStartupMessage: true,

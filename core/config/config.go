@@ -131,7 +131,7 @@ var DefaultBounds = Bounds{
 	BodyBudgetMB:              64,
 	BodyBudgetPerIPMB:         16,
 	BodyMinRate:               1024,
-	MaxStreamsPerToken:        5,
+	MaxStreamsPerToken:        10,
 	MaxStreamsPerConversation: 50,
 	MaxSocketsPerIP:           256,
 }
