@@ -261,6 +261,11 @@ func (s *server) answerError(c *fiber.Ctx, err error) error {
 		case fiber.StatusMethodNotAllowed:
 			return fail(c, errMethod, nil)
 		case fiber.StatusRequestTimeout:
+			if limit, ok := declaredTooLarge.LoadAndDelete(&c.Context().Request.Header); ok {
+				s.bodies.Refuse(bodybudget.ErrTooLarge)
+				netlimit.LingerOnClose(c.Context().Conn())
+				return fail(c, errPayloadTooLarge, map[string]any{"max_bytes": limit})
+			}
 			return fail(c, errRequestTimeout, nil)
 		case fiber.StatusRequestHeaderFieldsTooLarge:
 			return fail(c, errHeadersTooLarge, nil)

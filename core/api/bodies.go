@@ -45,6 +45,7 @@ var (
 // readBody reads the request's body within the budget, or refuses the request.
 func (s *server) readBody(c *fiber.Ctx) error {
 	req := c.Request()
+	declaredTooLarge.Delete(&req.Header)
 	if req.Header.ContentLength() == 0 || req.BodyStream() == nil {
 		return c.Next()
 	}

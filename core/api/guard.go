@@ -33,6 +33,7 @@ import (
 	"net"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -154,8 +155,19 @@ func (s *server) requestConfig(h *fasthttp.RequestHeader) fasthttp.RequestConfig
 		return fasthttp.RequestConfig{MaxRequestBodySize: prefetchBody}
 	}
 	r := s.bodyRule(string(h.Method()), string(u.Path()))
+	if h.ContentLength() > r.max {
+		// Answered 413 at once, not once a byte of the body came: the read of the
+		// body times out at once and the error handler sees the mark.
+		declaredTooLarge.Store(h, r.max)
+		return fasthttp.RequestConfig{MaxRequestBodySize: prefetchBody, ReadTimeout: time.Nanosecond}
+	}
 	return fasthttp.RequestConfig{MaxRequestBodySize: prefetchBody, ReadTimeout: r.readTimeout}
 }
+
+// declaredTooLarge marks the requests (by their header, which fasthttp reuses with its
+// request context) whose Content-Length is over their route's limit, with the limit,
+// between requestConfig and the answer.
+var declaredTooLarge sync.Map
 
 // checkRequest bounds the header count and applies the route's rule to compressed
 // bodies.

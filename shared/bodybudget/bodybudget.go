@@ -127,13 +127,19 @@ type Rules struct {
 func (b *Budget) Read(ctx *fasthttp.RequestCtx, client string, r Rules) (*Held, error) {
 	h, err := b.read(ctx, client, r)
 	if err != nil {
-		for i, e := range []error{ErrTooLarge, ErrBudget, ErrTooSlow, ErrRead} {
-			if err == e {
-				b.refused[i].Add(1)
-			}
-		}
+		b.Refuse(err)
 	}
 	return h, err
+}
+
+// Refuse counts a refusal the server made for one of the reasons itself (a body
+// declared over its bound and refused before Read).
+func (b *Budget) Refuse(err error) {
+	for i, e := range []error{ErrTooLarge, ErrBudget, ErrTooSlow, ErrRead} {
+		if err == e {
+			b.refused[i].Add(1)
+		}
+	}
 }
 
 func (b *Budget) read(ctx *fasthttp.RequestCtx, client string, r Rules) (*Held, error) {

@@ -84,12 +84,17 @@ func (s *Sidecar) httpServer(hl *netlimit.Listener, check *forwardauth.Handler, 
 			others(ctx)
 		},
 		StreamRequestBody: true,
-		ErrorHandler:      httpError,
-		Logger:            httpLogger{s.log},
-		ReadTimeout:       httpReadTimeout,
-		WriteTimeout:      30 * time.Second,
-		IdleTimeout:       2 * time.Minute,
-		ReadBufferSize:    MaxHTTPHeaderBytes,
+		ErrorHandler: func(ctx *fasthttp.RequestCtx, err error) {
+			if _, ok := declaredTooLarge.Load(&ctx.Request.Header); ok {
+				bodies.Refuse(bodybudget.ErrTooLarge)
+			}
+			httpError(ctx, err)
+		},
+		Logger:         httpLogger{s.log},
+		ReadTimeout:    httpReadTimeout,
+		WriteTimeout:   30 * time.Second,
+		IdleTimeout:    2 * time.Minute,
+		ReadBufferSize: MaxHTTPHeaderBytes,
 		// A byte or two of a body before the handler, which reads the rest (bodies).
 		MaxRequestBodySize:    1,
 		NoDefaultServerHeader: true,

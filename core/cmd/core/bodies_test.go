@@ -123,6 +123,18 @@ func TestSlowBodies(t *testing.T) {
 	}
 	baseRSS, _ := memory(t, core.cmd.Process.Pid)
 
+	// A body declared over its route's limit is answered 413 at once, before a byte of it.
+	over, err := slowBody(addr, "127.0.0.9", "/api/v1/conversations", key, 4_000_000, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = over.SetReadDeadline(time.Now().Add(5 * time.Second))
+	start := time.Now()
+	if resp, err := http.ReadResponse(bufio.NewReader(over), nil); err != nil || resp.StatusCode != 413 || time.Since(start) > 2*time.Second {
+		t.Errorf("a body declared over the limit, none sent: %v %v after %v, want 413 at once", resp, err, time.Since(start))
+	}
+	over.Close()
+
 	// A body slower than the minimum rate, on the upload route (60 s to read): cut off
 	// once 5 s of grace and 10 KiB at 4 KiB/s have passed.
 	slowStart := time.Now()
