@@ -132,7 +132,8 @@ func TestStreamAndSocketCaps(t *testing.T) {
 	if got := statuses["one address"]; got[101] != 256 || got[101]+got[429] != 2000 {
 		t.Errorf("2,000 streams from one address: %v, want 256 × 101 and the rest 429", got)
 	}
-	if worst > time.Second {
+	// At once: well under a second on a quiet machine; 2 s allows for a shared one.
+	if worst > 2*time.Second {
 		t.Errorf("a refusal took %v", worst)
 	}
 	// Each refusal is counted by the first bound it met (the second phase's meet the
