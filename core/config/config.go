@@ -107,6 +107,19 @@ type Bounds struct {
 	// (DATABASE_ACQUIRE_TIMEOUT): under overload, a request that gets none in time is
 	// answered 503 rather than waiting past its client's patience.
 	DatabaseAcquireTimeout time.Duration
+	// BodyBudgetMB bounds, in MiB, the request bodies held at once, being read or
+	// handled (CORE_BODY_BUDGET_MB); BodyBudgetPerIPMB those of one client address
+	// (CORE_BODY_BUDGET_PER_IP_MB). Beyond either a request is answered 503.
+	BodyBudgetMB, BodyBudgetPerIPMB int
+	// BodyMinRate is the least average rate, in bytes per second, of a body still
+	// arriving 5 s after it began (CORE_BODY_MIN_RATE; 0: none): slower, 408.
+	BodyMinRate int
+	// MaxStreamsPerToken, MaxStreamsPerConversation and MaxSocketsPerIP bound the
+	// long-lived connections of one core: Direct Line streams of one token
+	// (CORE_MAX_STREAMS_PER_TOKEN) and of one conversation
+	// (CORE_MAX_STREAMS_PER_CONVERSATION), and WebSockets (streams and legacy sockets
+	// together) of one client address (CORE_MAX_SOCKETS_PER_IP). Beyond them, 429.
+	MaxStreamsPerToken, MaxStreamsPerConversation, MaxSocketsPerIP int
 }
 
 // DefaultBounds are the bounds without their variables.
@@ -119,6 +132,15 @@ var DefaultBounds = Bounds{
 	IdleTimeout:            2 * time.Minute,
 	DatabaseTimeout:        3 * time.Second,
 	DatabaseAcquireTimeout: 500 * time.Millisecond,
+	// 64 MiB of bodies fit the core's container (512 MiB, deploy/kubernetes) with room
+	// for everything else; one client address may hold a quarter of it, enough for
+	// three of the largest uploads.
+	BodyBudgetMB:              64,
+	BodyBudgetPerIPMB:         16,
+	BodyMinRate:               1024,
+	MaxStreamsPerToken:        10,
+	MaxStreamsPerConversation: 50,
+	MaxSocketsPerIP:           256,
 }
 
 // MinAdminPasswordLength is the fewest characters ADMIN_PASSWORD may have.
@@ -288,6 +310,12 @@ func (c *Config) loadBounds(getenv func(string) string) error {
 		{"CORE_MAX_CONNS", &c.Bounds.MaxConns, 1},
 		{"CORE_MAX_CONNS_PER_IP", &c.Bounds.MaxConnsPerIP, 0},
 		{"CORE_MAX_IN_FLIGHT", &c.Bounds.MaxInFlight, 1},
+		{"CORE_BODY_BUDGET_MB", &c.Bounds.BodyBudgetMB, 1},
+		{"CORE_BODY_BUDGET_PER_IP_MB", &c.Bounds.BodyBudgetPerIPMB, 1},
+		{"CORE_BODY_MIN_RATE", &c.Bounds.BodyMinRate, 0},
+		{"CORE_MAX_STREAMS_PER_TOKEN", &c.Bounds.MaxStreamsPerToken, 1},
+		{"CORE_MAX_STREAMS_PER_CONVERSATION", &c.Bounds.MaxStreamsPerConversation, 1},
+		{"CORE_MAX_SOCKETS_PER_IP", &c.Bounds.MaxSocketsPerIP, 1},
 	} {
 		if v := strings.TrimSpace(getenv(n.name)); v != "" {
 			i, err := strconv.Atoi(v)

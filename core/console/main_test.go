@@ -171,7 +171,7 @@ func newEnv(t *testing.T, o envOptions) *env {
 	t.Cleanup(func() { checker.Close() })
 	app, _ := api.New(api.Deps{Store: st, Signer: signer, Verifier: verifier, PublicURL: e.base, Limits: activity.DefaultLimits,
 		MaxUploadBytes: 1 << 20, Logger: quietLogger(), Middleware: []fiber.Handler{checker.Handler},
-		Pages: pages.Register, Console: cons.Register, Limiter: lim})
+		Pages: pages.Register, Console: cons.Register, Limiter: lim, Credentialed: cons.Credentialed})
 	// As core serve does: a listener that drains a request it answered early (413).
 	go func() { _ = app.Listener(netlimit.Wrap(ln, netlimit.Options{Logger: quietLogger()})) }()
 	t.Cleanup(func() {

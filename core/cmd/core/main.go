@@ -202,6 +202,15 @@ func serve(ctx context.Context, cfg *config.Config, log *slog.Logger) error {
 		ReadTimeout:    b.ReadTimeout,
 		WriteTimeout:   b.WriteTimeout,
 		IdleTimeout:    b.IdleTimeout,
+
+		BodyBudgetMB:              b.BodyBudgetMB,
+		BodyBudgetPerIPMB:         b.BodyBudgetPerIPMB,
+		BodyMinRate:               b.BodyMinRate,
+		MaxStreamsPerToken:        b.MaxStreamsPerToken,
+		MaxStreamsPerConversation: b.MaxStreamsPerConversation,
+		MaxSocketsPerIP:           b.MaxSocketsPerIP,
+		ClientIP:                  cfg.TrustedProxies,
+		Credentialed:              cons.Credentialed,
 	})
 	go listener.Run(bg)
 	go st.RunInboundSignaturePurge(bg, time.Minute, log)
