@@ -21,7 +21,7 @@ import (
 )
 
 // shippedBootstraps are the configs the limited routes must be checked in.
-var shippedBootstraps = []string{"envoy.yaml", "envoy-ratelimit.yaml"}
+var shippedBootstraps = []string{"envoy.yaml", "envoy-ratelimit.yaml", "envoy-mtls.yaml"}
 
 // Every limited route of the sidecar's table is checked by exactly one ext_authz filter
 // in each shipped config, in the spellings the sidecar matches it in: the fail-closed

@@ -4,6 +4,7 @@ import (
 	"os"
 	"testing"
 
+	bootstrapv3 "github.com/envoyproxy/go-control-plane/envoy/config/bootstrap/v3"
 	clusterv3 "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
 	tlsv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/transport_sockets/tls/v3"
 	"google.golang.org/protobuf/proto"
@@ -74,5 +75,27 @@ func TestMutualTLSBootstrap(t *testing.T) {
 	}
 	if len(mtls) != len(plain) {
 		t.Errorf("%d clusters, envoy-ratelimit.yaml has %d", len(mtls), len(plain))
+	}
+	// And everything else — listeners, routes, filters — is envoy-ratelimit.yaml's, so that
+	// a change there (a fail-closed route, a ceiling) cannot be missing here.
+	whole := func(path string, bare bool) *bootstrapv3.Bootstrap {
+		t.Helper()
+		raw, err := os.ReadFile(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		bs, err := loadBootstrap(raw)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if bare {
+			for _, c := range bs.GetStaticResources().GetClusters() {
+				c.TransportSocket = nil
+			}
+		}
+		return bs
+	}
+	if !proto.Equal(whole("envoy-mtls.yaml", true), whole("envoy-ratelimit.yaml", false)) {
+		t.Error("envoy-mtls.yaml differs from envoy-ratelimit.yaml beyond its clusters' transport sockets: make it envoy-ratelimit.yaml with them")
 	}
 }

@@ -50,6 +50,11 @@ func (s *server) readBody(c *fiber.Ctx) error {
 		return c.Next()
 	}
 	rule := s.bodyRule(c.Method(), c.Path())
+	if enc, _ := contentEncoding(c.Get(fiber.HeaderContentEncoding)); rule.encoding == refuseEncoded && enc != "" {
+		// Refused as checkRequest would refuse it once read, before a byte is held.
+		s.refuseBody(c)
+		return fail(c, errCompressed, nil)
+	}
 	limit, refusal := rule.max, errPayloadTooLarge
 	if req.Header.ContentLength() < 0 || req.Header.ContentLength() > preAuthBody {
 		ok, e, err := s.bodyCredential(c)
@@ -102,6 +107,10 @@ func (s *server) refuseBody(c *fiber.Ctx) {
 func (s *server) bodyCredential(c *fiber.Ctx) (bool, apierror.Error, error) {
 	p := strings.ToLower(c.Path())
 	switch {
+	case strings.HasPrefix(p, "/api/v1/converger/tokens/"):
+		// A channel secret or publishable key (or a token to refresh): these bodies are a
+		// user's id, far below preAuthBody, so none is looked up for a larger one.
+		return false, errPreAuth, nil
 	case strings.HasPrefix(p, "/api/v1/converger/"):
 		_, err := s.Verifier.Verify(bearer(c))
 		return err == nil, errToken, nil

@@ -660,8 +660,8 @@ func TestServerErrorsCarryTheRequestID(t *testing.T) {
 // that names the route pattern and never a credential or a token in the URL.
 func TestOperationsEndpointsAndAccessLog(t *testing.T) {
 	f := newFixture(t, "", 1)
-	// AUTHZ_ADDR at a port nobody listens on: every Check fails, and the requests go
-	// through unchecked (fail open), counted.
+	// AUTHZ_ADDR at a port nobody listens on: every Check fails, and the requests of
+	// limited routes go through unchecked (fail open), counted; the others are not checked.
 	dead := freeAddr(t)
 	core := newProc(t, f.env(map[string]string{"AUTHZ_ADDR": dead, "LOG_LEVEL": "info", "LOG_FORMAT": "json"})).start(t)
 	const secretToken, secretKey = "eyJhbGciOiJFZERTQSJ9.secret-token.sig", "cvg_live_not-a-real-key-but-secret"
@@ -669,6 +669,11 @@ func TestOperationsEndpointsAndAccessLog(t *testing.T) {
 		if a := send("GET", core.base+"/api/v1/conversations/"+f.convs[0], nil, map[string]string{"x-api-key": f.apiKey}, 5*time.Second); a.status != 200 {
 			t.Fatalf("conversation: %d %s", a.status, a.body)
 		}
+	}
+	// A limited route (activity_create): its Check fails and it goes through, counted.
+	if a := send("POST", core.base+"/api/v1/conversations/"+f.convs[0]+"/activities", []byte(`{"type":"message","text":"hi"}`),
+		map[string]string{"x-api-key": f.apiKey, "content-type": "application/json"}, 5*time.Second); a.status != 201 {
+		t.Fatalf("activity: %d %s", a.status, a.body)
 	}
 	send("GET", core.base+"/api/v1/converger/conversations/"+f.convs[0]+"/stream?t="+secretToken, nil, nil, 5*time.Second)
 	send("GET", core.base+"/api/v1/conversations/"+f.convs[0], nil, map[string]string{"x-api-key": secretKey}, 5*time.Second)
@@ -695,8 +700,8 @@ func TestOperationsEndpointsAndAccessLog(t *testing.T) {
 	if n := metric(t, core.ops, "converger_core_request_duration_seconds_count", `route="/api/v1/conversations/:id"`); n != 5 {
 		t.Errorf("latency observations of the conversation route: %v, want 5", n)
 	}
-	if n := metric(t, core.ops, "converger_core_authz_fail_open_total"); n < 6 {
-		t.Errorf("fail-open decisions: %v, want every request's", n)
+	if n := metric(t, core.ops, "converger_core_authz_fail_open_total"); n != 1 {
+		t.Errorf("fail-open decisions: %v, want the limited request's alone (1)", n)
 	}
 	for _, name := range []string{"converger_core_requests_in_flight", "converger_core_requests_shed_total", "converger_core_database_up",
 		"converger_core_db_pool_connections", "converger_core_db_pool_acquires_total", "converger_core_database_errors_total",
@@ -727,15 +732,15 @@ func TestOperationsEndpointsAndAccessLog(t *testing.T) {
 			continue
 		}
 		lines++
-		if l.RequestID == "" || l.Method != "GET" || l.Route == "" || l.Status == 0 || l.DurationMS < 0 {
+		if l.RequestID == "" || (l.Method != "GET" && l.Method != "POST") || l.Route == "" || l.Status == 0 || l.DurationMS < 0 {
 			t.Errorf("access log line without its fields: %s", line)
 		}
 		if strings.Contains(l.Route, "/nowhere") || strings.Contains(l.Route, f.convs[0]) {
 			t.Errorf("the access log names a path, not a route pattern: %s", line)
 		}
 	}
-	if lines != 7 {
-		t.Errorf("%d access log lines, want one per request (7)\n%s", lines, tailOf(logs))
+	if lines != 8 {
+		t.Errorf("%d access log lines, want one per request (8)\n%s", lines, tailOf(logs))
 	}
 }
 
