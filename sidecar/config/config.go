@@ -12,6 +12,7 @@ import (
 	"math"
 	"net"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -114,6 +115,11 @@ type XDS struct {
 	// RLS_XDS_BACKOFF_MAX_INTERVAL, XDS_CLIENT_BACKOFF_MAX_INTERVAL; 60 s): it doubles
 	// from the first to the second, each wait drawn between half and all of it.
 	BackoffInitial, BackoffMax time.Duration
+	// TLS is how the connection to the server speaks TLS (RLS_XDS_TLS_CA_FILE, _CERT_FILE,
+	// _KEY_FILE, _SERVER_NAME; the reference's CONFIG_GRPC_XDS_SERVER_USE_TLS=true with
+	// CONFIG_GRPC_XDS_SERVER_TLS_CACERT, CONFIG_GRPC_XDS_CLIENT_TLS_CERT and _KEY,
+	// CONFIG_GRPC_XDS_SERVER_TLS_SAN); nil: plain text.
+	TLS *tlsconfig.ClientFiles
 }
 
 // Cluster is the membership configuration (CLUSTER_*), used by the cluster backend.
@@ -325,6 +331,9 @@ func (c *Config) loadRLSOptions(getenv func(string) string) error {
 	}
 	switch c.RLSConfigType = strings.ToUpper(orDefault(v, ConfigTypeFile)); c.RLSConfigType {
 	case ConfigTypeFile:
+		if strings.TrimSpace(getenv("RLS_XDS_TLS_CA_FILE")) != "" {
+			return errors.New("RLS_XDS_TLS_CA_FILE is set but RLS_CONFIG_TYPE is not GRPC_XDS_SOTW: there is no xDS server to connect to")
+		}
 		return nil
 	case ConfigTypeXDS:
 	default:
@@ -375,7 +384,14 @@ func (c *Config) loadRLSOptions(getenv func(string) string) error {
 		return err
 	}
 	x.BackoffMax = max(x.BackoffMax, x.BackoffInitial)
-	return nil
+	xdsEnv, aliases, err := referenceXDSTLS(getenv)
+	if err != nil {
+		return err
+	}
+	if x.TLS, err = tlsconfig.LoadClient(xdsEnv, "RLS_XDS_TLS"); err != nil && len(*aliases) > 0 {
+		return fmt.Errorf("%w (given as %s)", err, strings.Join(*aliases, ", "))
+	}
+	return err
 }
 
 // pairs reads "k<sep>v,k<sep>v"; "" is none.
@@ -429,6 +445,48 @@ func referenceTLS(getenv func(string) string) func(string) string {
 		}
 		return ""
 	}
+}
+
+// referenceXDSTLS reads the xDS client's TLS variables with envoyproxy/ratelimit's names
+// as aliases: with CONFIG_GRPC_XDS_SERVER_USE_TLS=true, CONFIG_GRPC_XDS_SERVER_TLS_CACERT
+// is the CA that signs the server's certificate, CONFIG_GRPC_XDS_CLIENT_TLS_CERT and _KEY
+// the client certificate, CONFIG_GRPC_XDS_SERVER_TLS_SAN the name the server's
+// certificate is verified for. Our own names win when both are set. The reference trusts
+// the system's CAs when it is given none; here TLS needs a CA file, so USE_TLS=true
+// without one is refused rather than read as plain text.
+//
+// aliases collects the reference's names that were read, for messages.
+func referenceXDSTLS(getenv func(string) string) (env func(string) string, aliases *[]string, err error) {
+	alias := map[string]string{
+		"RLS_XDS_TLS_CA_FILE":     "CONFIG_GRPC_XDS_SERVER_TLS_CACERT",
+		"RLS_XDS_TLS_CERT_FILE":   "CONFIG_GRPC_XDS_CLIENT_TLS_CERT",
+		"RLS_XDS_TLS_KEY_FILE":    "CONFIG_GRPC_XDS_CLIENT_TLS_KEY",
+		"RLS_XDS_TLS_SERVER_NAME": "CONFIG_GRPC_XDS_SERVER_TLS_SAN",
+	}
+	use, err := boolVar(getenv, "CONFIG_GRPC_XDS_SERVER_USE_TLS", false)
+	if err != nil {
+		return nil, nil, err
+	}
+	aliases = new([]string)
+	env = func(name string) string {
+		if v := getenv(name); strings.TrimSpace(v) != "" {
+			return v
+		}
+		ref, ok := alias[name]
+		if !ok || !use {
+			return ""
+		}
+		v := getenv(ref)
+		if strings.TrimSpace(v) != "" && !slices.Contains(*aliases, ref) {
+			*aliases = append(*aliases, ref)
+		}
+		return v
+	}
+	if use && strings.TrimSpace(env("RLS_XDS_TLS_CA_FILE")) == "" {
+		return nil, nil, errors.New("CONFIG_GRPC_XDS_SERVER_USE_TLS=true needs CONFIG_GRPC_XDS_SERVER_TLS_CACERT (or RLS_XDS_TLS_CA_FILE): " +
+			"the CAs that sign the xDS server's certificate; the system's CAs are not used")
+	}
+	return env, aliases, nil
 }
 
 // loadRoutes reads RATE_LIMIT_CONFIG (path, "" for none) and sets the routes.

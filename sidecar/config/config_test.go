@@ -514,3 +514,74 @@ func TestTLSVariables(t *testing.T) {
 		t.Fatalf("a key file that is not a key: %v", err)
 	}
 }
+
+// The xDS client's TLS: our variables, envoyproxy/ratelimit's as aliases with
+// CONFIG_GRPC_XDS_SERVER_USE_TLS=true, and a problem named by its variable.
+func TestXDSTLSVariables(t *testing.T) {
+	dir := t.TempDir()
+	ca, err := testpki.NewCA("config test CA")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := ca.Issue(testpki.Leaf{Name: "edge", URIs: []string{"spiffe://cluster.local/ns/edge/sa/sidecar"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := ca.Write(p, dir, "client"); err != nil {
+		t.Fatal(err)
+	}
+	xds := func(more map[string]string) map[string]string {
+		env := map[string]string{"RLS_CONFIG_TYPE": "GRPC_XDS_SOTW", "RLS_XDS_SERVER_URL": "xds.example.com:18000"}
+		for k, v := range more {
+			env[k] = v
+		}
+		return env
+	}
+	want := tlsconfig.ClientFiles{Name: "RLS_XDS_TLS", CAFile: p.CAFile, CertFile: p.CertFile, KeyFile: p.KeyFile, ServerName: "xds.internal"}
+
+	c, err := load(xds(nil))
+	if err != nil || c.RLSXDS.TLS != nil {
+		t.Fatalf("no TLS variables: %+v %v, want plain text", c.RLSXDS.TLS, err)
+	}
+	ours := map[string]string{"RLS_XDS_TLS_CA_FILE": p.CAFile, "RLS_XDS_TLS_CERT_FILE": p.CertFile,
+		"RLS_XDS_TLS_KEY_FILE": p.KeyFile, "RLS_XDS_TLS_SERVER_NAME": "xds.internal"}
+	if c, err = load(xds(ours)); err != nil || c.RLSXDS.TLS == nil || *c.RLSXDS.TLS != want {
+		t.Fatalf("RLS_XDS_TLS_*: %+v %v", c.RLSXDS.TLS, err)
+	}
+	ref := map[string]string{"CONFIG_GRPC_XDS_SERVER_USE_TLS": "true", "CONFIG_GRPC_XDS_SERVER_TLS_CACERT": p.CAFile,
+		"CONFIG_GRPC_XDS_CLIENT_TLS_CERT": p.CertFile, "CONFIG_GRPC_XDS_CLIENT_TLS_KEY": p.KeyFile, "CONFIG_GRPC_XDS_SERVER_TLS_SAN": "xds.internal"}
+	if c, err = load(xds(ref)); err != nil || c.RLSXDS.TLS == nil || *c.RLSXDS.TLS != want {
+		t.Fatalf("the reference's variables: %+v %v", c.RLSXDS.TLS, err)
+	}
+	// Ours win over the reference's.
+	mixed := xds(ref)
+	mixed["RLS_XDS_TLS_SERVER_NAME"] = "ours.internal"
+	if c, err = load(mixed); err != nil || c.RLSXDS.TLS == nil || c.RLSXDS.TLS.ServerName != "ours.internal" {
+		t.Fatalf("both names: %+v %v", c.RLSXDS.TLS, err)
+	}
+	// Without USE_TLS=true the reference's names are not read, as in the reference.
+	ref["CONFIG_GRPC_XDS_SERVER_USE_TLS"] = "false"
+	if c, err = load(xds(ref)); err != nil || c.RLSXDS.TLS != nil {
+		t.Fatalf("CONFIG_GRPC_XDS_SERVER_USE_TLS=false: %+v %v", c.RLSXDS.TLS, err)
+	}
+
+	for want, env := range map[string]map[string]string{
+		// A CA that cannot be read, a key that is not the certificate's: refused at boot.
+		"RLS_XDS_TLS_CA_FILE: open " + dir + "/missing.crt": xds(map[string]string{"RLS_XDS_TLS_CA_FILE": dir + "/missing.crt"}),
+		"RLS_XDS_TLS_KEY_FILE " + p.CAFile: xds(map[string]string{"RLS_XDS_TLS_CA_FILE": p.CAFile,
+			"RLS_XDS_TLS_CERT_FILE": p.CertFile, "RLS_XDS_TLS_KEY_FILE": p.CAFile}),
+		"(given as CONFIG_GRPC_XDS_SERVER_TLS_CACERT, CONFIG_GRPC_XDS_CLIENT_TLS_CERT, CONFIG_GRPC_XDS_CLIENT_TLS_KEY)": xds(map[string]string{
+			"CONFIG_GRPC_XDS_SERVER_USE_TLS": "true", "CONFIG_GRPC_XDS_SERVER_TLS_CACERT": p.CAFile,
+			"CONFIG_GRPC_XDS_CLIENT_TLS_CERT": p.CertFile, "CONFIG_GRPC_XDS_CLIENT_TLS_KEY": p.CAFile}),
+		"RLS_XDS_TLS_CERT_FILE and RLS_XDS_TLS_KEY_FILE: set both": xds(map[string]string{"RLS_XDS_TLS_CA_FILE": p.CAFile, "RLS_XDS_TLS_CERT_FILE": p.CertFile}),
+		"need RLS_XDS_TLS_CA_FILE":                                 xds(map[string]string{"RLS_XDS_TLS_CERT_FILE": p.CertFile, "RLS_XDS_TLS_KEY_FILE": p.KeyFile}),
+		// TLS asked for with no CA to verify the server: refused, not plain text.
+		"CONFIG_GRPC_XDS_SERVER_USE_TLS=true needs CONFIG_GRPC_XDS_SERVER_TLS_CACERT": xds(map[string]string{"CONFIG_GRPC_XDS_SERVER_USE_TLS": "true"}),
+		`CONFIG_GRPC_XDS_SERVER_USE_TLS="maybe": must be true or false`:               xds(map[string]string{"CONFIG_GRPC_XDS_SERVER_USE_TLS": "maybe"}),
+		"RLS_XDS_TLS_CA_FILE is set but RLS_CONFIG_TYPE is not GRPC_XDS_SOTW":         {"RLS_XDS_TLS_CA_FILE": p.CAFile},
+	} {
+		if _, err := load(env); err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("%v: %v, want %q", env, err, want)
+		}
+	}
+}

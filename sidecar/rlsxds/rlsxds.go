@@ -3,11 +3,12 @@
 // reference's resource (ratelimit.config.ratelimit.v3.RateLimitConfig) over ADS, state
 // of the world, applies each valid response whole, NACKs an invalid one with its
 // problems and keeps the rules in use, and connects again with a backoff when the
-// stream ends.
+// stream ends. The connection speaks TLS when given a client configuration.
 package rlsxds
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -24,6 +25,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/backoff"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/protobuf/proto"
@@ -48,6 +50,9 @@ type Options struct {
 	NodeID    string            // the node the server keeps a snapshot for
 	Metadata  map[string]string // the node's metadata
 	Headers   map[string]string // sent with the stream (gRPC metadata)
+	// TLS makes the connection speak TLS (shared/tlsconfig's client configuration, its
+	// certificate re-read when its files change); nil: plain text.
+	TLS *tls.Config
 	// BackoffInitial and BackoffMax bound the wait before connecting again: it doubles
 	// from the first to the second after each failed attempt, each wait drawn between
 	// half and all of it, and starts again from the first once a response arrives.
@@ -125,7 +130,11 @@ func (c *Client) update(f func(*Status)) {
 func (c *Client) Run(ctx context.Context) {
 	// The connection's own backoff follows the same bounds, or a long outage would leave
 	// it at grpc-go's two minutes whatever BackoffMax says.
-	conn, err := grpc.NewClient(c.o.ServerURL, grpc.WithTransportCredentials(insecure.NewCredentials()),
+	creds := insecure.NewCredentials()
+	if c.o.TLS != nil {
+		creds = credentials.NewTLS(c.o.TLS)
+	}
+	conn, err := grpc.NewClient(c.o.ServerURL, grpc.WithTransportCredentials(creds),
 		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(MaxMessage)),
 		grpc.WithConnectParams(grpc.ConnectParams{
 			Backoff:           backoff.Config{BaseDelay: c.o.BackoffInitial, Multiplier: 2, Jitter: 0.5, MaxDelay: c.o.BackoffMax},

@@ -1,8 +1,12 @@
 package rlsxds_test
 
 import (
+	"bytes"
 	"context"
+	"crypto/tls"
+	"log/slog"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -10,6 +14,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
+	"github.com/converger/edge/shared/testpki"
+	"github.com/converger/edge/shared/tlsconfig"
 	"github.com/converger/edge/sidecar/limiter"
 	"github.com/converger/edge/sidecar/rls"
 	"github.com/converger/edge/sidecar/rlsxds"
@@ -142,4 +148,141 @@ func TestFollowsManagementServer(t *testing.T) {
 	if !c.Status().Connected {
 		t.Error("not connected after the restart")
 	}
+}
+
+// syncBuffer collects a logger's lines from the client's goroutines.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// follow runs a client of node against srv with tlsCfg (nil: plain text) until the
+// test ends.
+func follow(t *testing.T, srv *xdstest.Server, node string, tlsCfg *tls.Config) (*rlsxds.Client, *rls.Service, *syncBuffer) {
+	t.Helper()
+	logs := &syncBuffer{}
+	svc := rls.New(limiter.New(limiter.Options{}), nil, rls.Options{WaitForRules: true})
+	c := rlsxds.New(rlsxds.Options{
+		ServerURL: srv.Addr, NodeID: node, TLS: tlsCfg,
+		BackoffInitial: 20 * time.Millisecond, BackoffMax: 100 * time.Millisecond,
+		Logger: slog.New(slog.NewTextHandler(logs, nil)),
+	}, svc)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { c.Run(ctx); close(done) }()
+	t.Cleanup(func() { cancel(); <-done })
+	return c, svc, logs
+}
+
+// refused waits for the client's stream to fail and checks that no rules came through
+// and that the server never read a request of node: the connection was refused.
+func refused(t *testing.T, srv *xdstest.Server, node string, c *rlsxds.Client, svc *rls.Service, logs *syncBuffer, want string) {
+	t.Helper()
+	waitFor(t, node+"'s stream refused", func() bool {
+		return strings.Contains(logs.String(), "the stream to the server ended") && strings.Contains(logs.String(), want)
+	})
+	if st := c.Status(); st.Connected || st.Applied {
+		t.Errorf("%s: status %+v, want neither connected nor applied", node, st)
+	}
+	var resp rls.Response
+	if err := svc.Decide(&rls.Request{Domain: "shop", Descriptors: []rls.Descriptor{{}}}, &resp); err != rls.ErrNoRules {
+		t.Errorf("%s: %v, want %v", node, err, rls.ErrNoRules)
+	}
+	for _, r := range srv.Requests() {
+		if r.GetNode().GetId() == node {
+			t.Errorf("the server read a request of %s: %v", node, r)
+		}
+	}
+}
+
+// The connection to the management server over TLS with shared/tlsconfig's client, as
+// the sidecar makes it from RLS_XDS_TLS_*: the server's certificate verified against the
+// CA, then mutual TLS with the client's certificate.
+func TestTLS(t *testing.T) {
+	dir := t.TempDir()
+	ca, err := testpki.NewCA("xds test CA")
+	if err != nil {
+		t.Fatal(err)
+	}
+	server, err := ca.Issue(testpki.Localhost("xds server"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	client, err := ca.Issue(testpki.Leaf{Name: "edge", URIs: []string{"spiffe://cluster.local/ns/edge/sa/sidecar"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := ca.Write(server, dir, "server"); err != nil {
+		t.Fatal(err)
+	}
+	if err := ca.Write(client, dir, "client"); err != nil {
+		t.Fatal(err)
+	}
+	serverTLS := func(env map[string]string) *tls.Config {
+		f, err := tlsconfig.LoadServer(func(k string) string { return env[k] }, "XDS_TLS")
+		if err != nil {
+			t.Fatal(err)
+		}
+		s, err := tlsconfig.NewServer(f, tlsconfig.Options{}, "h2")
+		if err != nil {
+			t.Fatal(err)
+		}
+		return s.Config()
+	}
+	clientTLS := func(env map[string]string) *tls.Config {
+		f, err := tlsconfig.LoadClient(func(k string) string { return env[k] }, "RLS_XDS_TLS")
+		if err != nil {
+			t.Fatal(err)
+		}
+		cfg, err := tlsconfig.ClientConfig(f, tlsconfig.Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return cfg
+	}
+	withCA := clientTLS(map[string]string{"RLS_XDS_TLS_CA_FILE": server.CAFile})
+	withCert := clientTLS(map[string]string{"RLS_XDS_TLS_CA_FILE": server.CAFile,
+		"RLS_XDS_TLS_CERT_FILE": client.CertFile, "RLS_XDS_TLS_KEY_FILE": client.KeyFile})
+
+	t.Run("TLS", func(t *testing.T) {
+		srv := xdstest.StartTLS(t, "127.0.0.1:0", serverTLS(map[string]string{
+			"XDS_TLS_CERT_FILE": server.CertFile, "XDS_TLS_KEY_FILE": server.KeyFile}))
+		for _, n := range []string{"tls", "plain"} {
+			srv.Set(n, "v1", shop("shop-rules", 5))
+		}
+		c, svc, _ := follow(t, srv, "tls", withCA)
+		waitFor(t, "v1 over TLS", func() bool { return c.Status().Version == "v1" })
+		if got := limitOf(t, svc, "c1"); got != 5 {
+			t.Errorf("over TLS: limit %d, want 5", got)
+		}
+		c, svc, logs := follow(t, srv, "plain", nil)
+		refused(t, srv, "plain", c, svc, logs, "server preface") // the TLS server hung up on it
+	})
+
+	t.Run("mutual TLS", func(t *testing.T) {
+		srv := xdstest.StartTLS(t, "127.0.0.1:0", serverTLS(map[string]string{
+			"XDS_TLS_CERT_FILE": server.CertFile, "XDS_TLS_KEY_FILE": server.KeyFile, "XDS_TLS_CLIENT_CA_FILE": server.CAFile}))
+		for _, n := range []string{"with-cert", "without-cert"} {
+			srv.Set(n, "v1", shop("shop-rules", 7))
+		}
+		c, svc, logs := follow(t, srv, "without-cert", withCA)
+		refused(t, srv, "without-cert", c, svc, logs, "certificate required")
+		c, svc, _ = follow(t, srv, "with-cert", withCert)
+		waitFor(t, "v1 over mutual TLS", func() bool { return c.Status().Version == "v1" })
+		if got := limitOf(t, svc, "c1"); got != 7 {
+			t.Errorf("over mutual TLS: limit %d, want 7", got)
+		}
+	})
 }

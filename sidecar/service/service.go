@@ -167,7 +167,10 @@ func Start(cfg *config.Config, o Options) (*Sidecar, error) {
 	az.RecordTraffic(s.Traffic)
 	az.LimitInFlight(cfg.MaxChecksInFlight, cfg.DBWait)
 
-	rlsAPI := s.rateLimitService(ctx, cfg)
+	rlsAPI, err := s.rateLimitService(ctx, cfg)
+	if err != nil {
+		return nil, err
+	}
 	rlsAPI.CountShed(s.Metrics.Shed())
 
 	// Envoy's two services read their requests straight from the wire (envoywire); the

@@ -10,6 +10,8 @@ import (
 	rlsconfv3 "github.com/envoyproxy/go-control-plane/ratelimit/config/ratelimit/v3"
 	"google.golang.org/grpc/connectivity"
 
+	"github.com/converger/edge/shared/testpki"
+	"github.com/converger/edge/shared/tlsconfig"
 	"github.com/converger/edge/sidecar/rlsxds/xdstest"
 )
 
@@ -30,17 +32,28 @@ func readyVersion(t *testing.T, httpAddr string) string {
 	return v
 }
 
-// A cluster of three sidecars follows one go-control-plane management server, set up
-// by the reference's variable names: each applies the rules, counts them together, and
-// follows the next version; /rlconfig shows the rules in use.
+// A cluster of three sidecars follows one go-control-plane management server over
+// mutual TLS, set up by the reference's variable names: each applies the rules, counts
+// them together, and follows the next version; /rlconfig shows the rules in use.
 func TestClusterXDSRules(t *testing.T) {
 	t.Parallel()
-	srv := xdstest.Start(t, "127.0.0.1:0")
+	p := newPortsTLS(t)
+	client := p.issue(t, testpki.Leaf{Name: "edge", URIs: []string{"spiffe://cluster.local/ns/edge/sa/sidecar"}}, "edge")
+	serverFiles := &tlsconfig.ServerFiles{Name: "XDS", CertFile: p.server.CertFile, KeyFile: p.server.KeyFile,
+		ClientCAFile: p.server.CAFile, ClientAuth: tlsconfig.RequireClientCert}
+	serverTLS, err := tlsconfig.NewServer(serverFiles, tlsconfig.Options{}, "h2")
+	must(t, err)
+	srv := xdstest.StartTLS(t, "127.0.0.1:0", serverTLS.Config())
 	srv.Set("edge", "v1", xdsShop("v1", 2))
 	nodes := startCluster(t, 3, hourLimits, clockOffset(time.Hour), func(_ int, env map[string]string) {
 		env["CONFIG_TYPE"] = "GRPC_XDS_SOTW"
 		env["CONFIG_GRPC_XDS_SERVER_URL"] = srv.Addr
 		env["CONFIG_GRPC_XDS_NODE_ID"] = "edge"
+		env["CONFIG_GRPC_XDS_SERVER_USE_TLS"] = "true"
+		env["CONFIG_GRPC_XDS_SERVER_TLS_CACERT"] = client.CAFile
+		env["CONFIG_GRPC_XDS_CLIENT_TLS_CERT"] = client.CertFile
+		env["CONFIG_GRPC_XDS_CLIENT_TLS_KEY"] = client.KeyFile
+		env["CONFIG_GRPC_XDS_SERVER_TLS_SAN"] = "localhost"
 		env["XDS_CLIENT_BACKOFF_INITIAL_INTERVAL"] = "50ms"
 		env["XDS_CLIENT_BACKOFF_MAX_INTERVAL"] = "500ms"
 	})

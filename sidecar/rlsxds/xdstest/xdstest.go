@@ -1,10 +1,11 @@
 // Package xdstest runs a go-control-plane management server on loopback for tests: it
 // serves rate limit rules (RateLimitConfig) over ADS from a snapshot cache and records
-// what its clients ask, ACKs and NACKs.
+// what its clients ask, ACKs and NACKs; in plain text, or TLS with StartTLS.
 package xdstest
 
 import (
 	"context"
+	"crypto/tls"
 	"net"
 	"sync"
 	"testing"
@@ -17,6 +18,7 @@ import (
 	serverv3 "github.com/envoyproxy/go-control-plane/pkg/server/v3"
 	rlsconfv3 "github.com/envoyproxy/go-control-plane/ratelimit/config/ratelimit/v3"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
 )
 
 // Server is a management server.
@@ -24,6 +26,7 @@ type Server struct {
 	Addr   string // host:port it listens on
 	t      testing.TB
 	cache  cachev3.SnapshotCache
+	tls    *tls.Config // nil: plain text
 	grpc   *grpc.Server
 	cancel context.CancelFunc
 
@@ -34,7 +37,14 @@ type Server struct {
 // Start starts a server on addr ("127.0.0.1:0" for any port), stopped at the test's end.
 func Start(t testing.TB, addr string) *Server {
 	t.Helper()
-	s := &Server{t: t, cache: cachev3.NewSnapshotCache(true, cachev3.IDHash{}, nil)}
+	return StartTLS(t, addr, nil)
+}
+
+// StartTLS starts a server that speaks TLS with cfg (its certificate, and ClientAuth and
+// ClientCAs for mutual TLS); nil is plain text, as Start.
+func StartTLS(t testing.TB, addr string, cfg *tls.Config) *Server {
+	t.Helper()
+	s := &Server{t: t, cache: cachev3.NewSnapshotCache(true, cachev3.IDHash{}, nil), tls: cfg}
 	s.listen(addr)
 	t.Cleanup(s.Stop)
 	return s
@@ -62,7 +72,11 @@ func (s *Server) listen(addr string) {
 			return nil
 		},
 	})
-	s.grpc = grpc.NewServer()
+	var opts []grpc.ServerOption
+	if s.tls != nil {
+		opts = append(opts, grpc.Creds(credentials.NewTLS(s.tls)))
+	}
+	s.grpc = grpc.NewServer(opts...)
 	discoveryv3.RegisterAggregatedDiscoveryServiceServer(s.grpc, srv)
 	s.Addr = l.Addr().String()
 	go func() { _ = s.grpc.Serve(l) }()
