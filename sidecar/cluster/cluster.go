@@ -88,6 +88,7 @@ type Cluster struct {
 	newestSentAt atomic.Int64
 	joined       atomic.Bool
 	stop         chan struct{}
+	kick         chan struct{} // a check the share-mode bound refused: flush early
 	wg           sync.WaitGroup
 	stopOnce     sync.Once
 
@@ -134,6 +135,7 @@ func Start(cfg Config, lim *limiter.Limiter) (*Cluster, error) {
 		origin:  cfg.NodeName + "#" + hex.EncodeToString(inc[:]),
 		log:     cfg.Logger.With("node", cfg.NodeName),
 		stop:    make(chan struct{}),
+		kick:    make(chan struct{}, 1),
 		gone:    map[string]struct{}{},
 		members: map[string]memberlist.Node{},
 	}
@@ -143,6 +145,9 @@ func Start(cfg Config, lim *limiter.Limiter) (*Cluster, error) {
 	}
 	c.slots = c.rep.slots
 	c.m = newMetrics(cfg.Registry, c.newestAge)
+	if cfg.ShareMode {
+		lim.OnBoundRefused(c.boundRefused)
+	}
 
 	mc := memberlist.DefaultLANConfig()
 	mc.Name = cfg.NodeName
@@ -364,6 +369,12 @@ func (c *Cluster) syncLoop() {
 		select {
 		case <-c.stop:
 			return
+		case <-c.kick:
+			if now := c.nowMS(); c.rep.early(now, c.cfg.SyncInterval.Milliseconds()) {
+				c.m.earlyFlushes.Inc()
+				c.flush(now)
+			}
+			continue
 		case <-t.C:
 		}
 		now := c.nowMS()
@@ -412,6 +423,24 @@ func (c *Cluster) flush(now int64) {
 			c.m.bytes.WithLabelValues("sent").Add(float64(len(msg)))
 		}
 	}
+}
+
+// boundRefused is told of a check share mode's bound refused below the limit: the
+// bound is made again if a node has become silent since it was made, and the sync loop
+// sends this node's demand at once, rather than at its next interval (early bounds how
+// often).
+func (c *Cluster) boundRefused(k limiter.Key) bool {
+	again := c.rep.replan(k, c.shareEnv(c.nowMS()))
+	if again {
+		c.m.replans.Inc()
+	} else {
+		c.m.boundRefusals.Inc()
+	}
+	select {
+	case c.kick <- struct{}{}:
+	default:
+	}
+	return again
 }
 
 // shareEnv is share mode's view of the membership at time now.

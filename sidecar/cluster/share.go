@@ -90,15 +90,19 @@ type sharePlan struct {
 	cur, next             int64
 	curCapped, nextCapped bool
 	send                  bool
+	// recheckAt is when the plan is to be made again though nothing was heard or
+	// counted (0: not before something is): when a node's demand will have stopped
+	// growing for silentIntervals, and what it held is free.
+	recheckAt int64
 }
 
 // active reports demand in the current window or the one before.
 func (n shareNode) active() bool { return n.demand > 0 || n.prevDemand > 0 }
 
 // held is what the node may have counted in the current window: its claim when it is
-// a live member bound by share mode, else its count.
-func (n shareNode) held() int64 {
-	if n.live && n.capped && n.claimed {
+// a live member bound by share mode whose demand is still growing, else its count.
+func (v shareView) held(n shareNode) int64 {
+	if n.live && n.capped && n.claimed && v.growing(n) {
 		return max(n.count, n.claim)
 	}
 	return n.count
@@ -121,7 +125,42 @@ func (v shareView) rate(n shareNode) float64 {
 
 // silent reports a node whose demand has not grown for silentIntervals.
 func (v shareView) silent(n shareNode) bool {
-	return v.now-max(n.grewAt, v.startMS) >= silentIntervals*v.intervalMS
+	return v.now >= v.silentAt(n)
+}
+
+// silentAt is when the node will be silent if its demand does not grow again.
+func (v shareView) silentAt(n shareNode) int64 {
+	return max(n.grewAt, v.startMS) + silentIntervals*v.intervalMS
+}
+
+// growing reports a live node with demand in this window or the last that is not
+// silent: what it holds is set aside for it. A silent node holds only its count.
+func (v shareView) growing(n shareNode) bool {
+	return n.live && n.active() && !v.silent(n)
+}
+
+// recheckAt is the next moment a node of the view becomes silent with nothing heard:
+// one growing now, or one with demand in this window at the next window's start (it is
+// growing there until silentIntervals into it); 0: none.
+func (v shareView) recheckAt() int64 {
+	at := int64(0)
+	soonest := func(t int64) {
+		if t > v.now && (at == 0 || t < at) {
+			at = t
+		}
+	}
+	for _, n := range append([]shareNode{v.self}, v.peers...) {
+		if !n.live {
+			continue
+		}
+		if v.growing(n) {
+			soonest(v.silentAt(n))
+		}
+		if n.demand > 0 {
+			soonest(v.startMS + v.sizeMS + silentIntervals*v.intervalMS)
+		}
+	}
+	return at
 }
 
 // need is the count the node is projected to reach in the current window: its count
@@ -154,9 +193,10 @@ func (v shareView) plan() sharePlan {
 	if v.limit <= 0 {
 		return p
 	}
-	busy := 0 // live peers with demand in this window or the last
+	p.recheckAt = v.recheckAt()
+	busy := 0 // live peers whose demand is still growing
 	for _, n := range v.peers {
-		if n.live && n.active() {
+		if v.growing(n) {
 			busy++
 		}
 	}
@@ -211,9 +251,9 @@ func (v shareView) bound() int64 {
 	budget := v.limit - keep
 	cs := []claimant{{name: v.self.name, unmet: max(need-keep, 0), capped: true}}
 	for _, n := range v.peers {
-		held := n.held()
+		held := v.held(n)
 		capped := n.capped
-		if n.live && n.active() && !n.claimed {
+		if v.growing(n) && !n.claimed {
 			// No value of this window from it yet: it holds the bound it set before the
 			// window began, if it runs share mode and someone else was busy in the
 			// last window.
@@ -226,12 +266,25 @@ func (v shareView) bound() int64 {
 			}
 		}
 		budget -= held
-		if n.live && n.active() {
+		if v.growing(n) {
 			cs = append(cs, claimant{name: n.name, unmet: max(v.need(n)-held, 0), capped: capped})
 		}
 	}
 	parts, headroom := allocate(budget, cs, v.members)
+	if !v.growing(v.self) {
+		// A node whose own demand is not growing may take all that nobody holds,
+		// however small: the first to ask gets it, whatever the order of the names.
+		headroom = max(budget-sum(parts), 0)
+	}
 	return keep + parts[0] + headroom
+}
+
+func sum(xs []int64) int64 {
+	t := int64(0)
+	for _, x := range xs {
+		t += x
+	}
+	return t
 }
 
 // startBounds are the bounds the nodes set for the current window before it began, as

@@ -185,10 +185,18 @@ func TestSharePlanReleasesAndTakes(t *testing.T) {
 	if p := v.plan(); p.cur != 400 || !p.send {
 		t.Fatalf("the busy node after the release: %+v, want 400, sent", p)
 	}
-	// Before it is known, nothing: b's 300 is still set aside.
+	// Before it is known, the same: b has been silent for two intervals, so its bound
+	// is not set aside, only its count (b itself gave it back at the same moment).
 	v = view(500, self, busy, quiet)
+	if p := v.plan(); p.cur != 400 || !p.send {
+		t.Fatalf("the busy node before the release is known: %+v, want 400, sent", p)
+	}
+	// While b's demand still grows (it grew at 350 ms), its 300 is set aside.
+	growing := quiet
+	growing.grewAt = 350
+	v = view(500, self, busy, growing)
 	if p := v.plan(); p.cur != 300 || p.send {
-		t.Fatalf("the busy node before the release is known: %+v, want 300, not sent", p)
+		t.Fatalf("the busy node beside a growing one: %+v, want 300, not sent", p)
 	}
 }
 
@@ -202,11 +210,23 @@ func TestSharePlanServesAnUnboundNodeFirst(t *testing.T) {
 		t.Fatalf("beside a busy node that is not bound: %+v, want 0", p)
 	}
 	// A slow one (40 by 400 ms: 0.1 per ms, 40 + 75 = 115): what it does not need,
-	// 900 − 40 − 75 = 785, is split over the three members as headroom: 261.
+	// 900 − 40 − 75 = 785, this node, whose demand is not growing, may take whole.
 	slow := shareNode{count: 40, demand: 40, claimed: true, at: 400, grewAt: 400}
 	v = view(400, shareNode{}, slow, shareNode{})
-	if p := v.plan(); p.cur != 261 {
-		t.Fatalf("beside a slow node that is not bound: %+v, want 261", p)
+	if p := v.plan(); p.cur != 785 {
+		t.Fatalf("beside a slow node that is not bound: %+v, want 785", p)
+	}
+	// A node whose own demand grows gets its need and a third of the rest as headroom:
+	// it asked for 10 by 400 ms (0.025 per ms: 10 + 19 = 29), 900 − 40 − 75 − 29 = 756
+	// left, 252 each.
+	v = view(400, shareNode{count: 10, demand: 10, grewAt: 400}, slow, shareNode{})
+	if p := v.plan(); p.cur != 10+19+252 {
+		t.Fatalf("a growing node beside a slow one: %+v, want 281", p)
+	}
+	// Once the slow one has been silent for two intervals, this one is alone: unbound.
+	v = view(650, shareNode{count: 10, demand: 10, grewAt: 600}, slow, shareNode{})
+	if p := v.plan(); p.curCapped {
+		t.Fatalf("beside a silent node: %+v, want no bound", p)
 	}
 }
 

@@ -28,8 +28,10 @@ type slots struct {
 	// pending lists keys holding a slot for a window that has not begun on this node's
 	// clock (a sender whose clock is ahead); the sum goes to the limiter when it begins.
 	pending map[limiter.Key]struct{}
-	// touched lists keys merged since the last tick, for share mode.
+	// touched lists keys merged since the last tick, for share mode; recheck the keys
+	// whose share-mode plan is to be made again at a given time (sharePlan.recheckAt).
 	touched map[limiter.Key]struct{}
+	recheck map[limiter.Key]int64
 	// current maps a node name to its newest origin that sent to this node directly:
 	// an earlier incarnation of a restarted node is no longer a live member.
 	current map[string]uint32
@@ -79,6 +81,7 @@ func newSlots(lim *limiter.Limiter, self string) *slots {
 		keys:    map[limiter.Key]*keyState{},
 		pending: map[limiter.Key]struct{}{},
 		touched: map[limiter.Key]struct{}{},
+		recheck: map[limiter.Key]int64{},
 		current: map[string]uint32{},
 	}
 }
@@ -211,7 +214,7 @@ func (s *slots) publishLocked(k limiter.Key, ks *keyState, sizeMS, endMS, now in
 }
 
 // tick publishes the windows that began since the last tick, drops the slots of ended
-// windows, and returns the keys merged since the last tick.
+// windows, and returns the keys merged since the last tick and those due for a recheck.
 func (s *slots) tick(now int64) map[limiter.Key]struct{} {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -231,6 +234,12 @@ func (s *slots) tick(now int64) map[limiter.Key]struct{} {
 	}
 	touched := s.touched
 	s.touched = map[limiter.Key]struct{}{}
+	for k, at := range s.recheck {
+		if at <= now {
+			touched[k] = struct{}{}
+			delete(s.recheck, k)
+		}
+	}
 	return touched
 }
 
@@ -250,8 +259,17 @@ func (s *slots) sweep(now int64) {
 		if len(live) == 0 && ks.ownEnd+ks.ownSizeMS <= now {
 			delete(s.keys, k)
 			delete(s.pending, k)
+			delete(s.recheck, k)
 		}
 	}
+}
+
+// due reports whether k's share-mode plan is due to be made again at now.
+func (s *slots) due(k limiter.Key, now int64) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	at, ok := s.recheck[k]
+	return ok && at <= now
 }
 
 // each calls f for every live slot with its origin's name.
@@ -287,6 +305,13 @@ func (s *slots) shareTick(keys, changed map[limiter.Key]struct{}, env shareEnv) 
 		if p.curCapped {
 			capped++
 		}
+		s.mu.Lock()
+		if p.recheckAt > 0 {
+			s.recheck[k] = p.recheckAt
+		} else {
+			delete(s.recheck, k)
+		}
+		s.mu.Unlock()
 		if p.send {
 			send = append(send, k)
 		}
