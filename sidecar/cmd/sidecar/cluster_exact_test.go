@@ -1,6 +1,7 @@
 package main
 
 import (
+	"encoding/json"
 	"fmt"
 	"strings"
 	"sync"
@@ -46,9 +47,8 @@ func TestClusterNoRefusalBelowTheLimit(t *testing.T) {
 	var bad []string
 	for i, g := range got {
 		if g != [3]int{4, 4, 2} {
-			d := n3.debug("token_create", fmt.Sprintf("203.0.113.%d", 100+i))
-			bad = append(bad, fmt.Sprintf("key %d: allowed %v on n1, n2, n3 (n3's view: own %d, remote %d, refused %d, bound %v, slots %+v)",
-				i, g, d.Own, d.Remote, d.Refused, d.Bound, d.Slots))
+			view, _ := json.Marshal(n3.debug("token_create", fmt.Sprintf("203.0.113.%d", 100+i)))
+			bad = append(bad, fmt.Sprintf("key %d: allowed %v on n1, n2, n3; n3's /debug/counter: %s", i, g, view))
 		}
 	}
 	if len(bad) > 0 {
