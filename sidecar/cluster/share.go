@@ -25,10 +25,22 @@ import (
 //
 // A node that is the only one with demand on a key (the others idle in this window and
 // the last, as their reports say) is not bound and gets the whole limit; the others then
-// set aside for it all it is projected to need. A node the others do not know as busy
-// yet gets only the headroom until its demand is reported and the busy ones make room
-// (a sync interval or two). A member that left, or an earlier incarnation of a
-// restarted one, keeps its count in the total but is given nothing more.
+// set aside for it all it is projected to need. A member that left, or an earlier
+// incarnation of a restarted one, keeps its count in the total but is given nothing more.
+//
+// No refusal below the limit: a node's claim is set aside only while its demand grows.
+// Once it has not grown for silentIntervals (as the node's reports say, the same moment
+// on every node) the node holds only its count, and a node whose own demand is not
+// growing may take all that nobody holds, however small: the first to ask gets it,
+// whatever the order of the names. A bound node's demand is projected only needHorizon
+// intervals ahead, since it makes its bound again every interval while it grows. The
+// plans are made again when a node falls silent (sharePlan.recheckAt), even with nothing
+// heard; a check the bound refuses below the limit makes a plan that is due at once and
+// is tried again with it, and the node sends its demand at once rather than at its next
+// interval (at most one early flush per interval, so a flood of refusals is no storm of
+// messages). The trade: nodes that all wake within one sync interval after the others
+// fell silent may together take what was left more than once.
+
 //
 // What share mode cannot bound: the first window of a key that no node counted in the
 // window before (every node sees itself alone, as without share mode), and demand that
@@ -44,6 +56,9 @@ const (
 	// it counted or refused at each interval): it keeps what it counted and gives the
 	// rest of its bound back.
 	silentIntervals = 2
+	// needHorizon is how far ahead, in sync intervals, the demand of a node bound by
+	// share mode is projected (need).
+	needHorizon = silentIntervals + 1
 	// releaseShare is the part of the limit a bound must fall by for the node to send
 	// it at once, so that the others can take it.
 	releaseShare = 16
@@ -166,11 +181,20 @@ func (v shareView) recheckAt() int64 {
 // need is the count the node is projected to reach in the current window: its count
 // and, with the margin, its demand until the window ends; only its count once it is
 // silent.
+//
+// A node bound by share mode is projected only as far as its next plans: what it holds
+// is its bound, which it makes again every interval while its demand grows, and gives
+// back once it falls silent; holding more would keep from a node that asks now what
+// this one would use only later, if ever. A node that is not bound counts regardless,
+// so all it may need until the window ends is set aside for it.
 func (v shareView) need(n shareNode) int64 {
 	if v.silent(n) {
 		return n.count
 	}
 	left := max(v.startMS+v.sizeMS-n.at, 0)
+	if n.capped || n.name == v.self.name {
+		left = min(left, needHorizon*v.intervalMS)
+	}
 	return n.count + v.ceil(v.rate(n)*float64(left)*needMargin)
 }
 
@@ -194,9 +218,9 @@ func (v shareView) plan() sharePlan {
 		return p
 	}
 	p.recheckAt = v.recheckAt()
-	busy := 0 // live peers whose demand is still growing
+	busy := 0 // live peers with demand in this window or the last
 	for _, n := range v.peers {
-		if v.growing(n) {
+		if n.live && n.active() {
 			busy++
 		}
 	}

@@ -216,17 +216,19 @@ func TestSharePlanServesAnUnboundNodeFirst(t *testing.T) {
 	if p := v.plan(); p.cur != 785 {
 		t.Fatalf("beside a slow node that is not bound: %+v, want 785", p)
 	}
-	// A node whose own demand grows gets its need and a third of the rest as headroom:
-	// it asked for 10 by 400 ms (0.025 per ms: 10 + 19 = 29), 900 − 40 − 75 − 29 = 756
-	// left, 252 each.
+	// A node whose own demand grows gets its need and a third of the rest as headroom.
+	// Bound itself, its demand is projected only three intervals ahead: it asked for 10
+	// by 400 ms (0.025 per ms: 10 + 0.025 × 300 × 1.25, rounded up, = 20), so 900 − 10
+	// − 40 − 75 − 10 = 765 is left, 255 each.
 	v = view(400, shareNode{count: 10, demand: 10, grewAt: 400}, slow, shareNode{})
-	if p := v.plan(); p.cur != 10+19+252 {
-		t.Fatalf("a growing node beside a slow one: %+v, want 281", p)
+	if p := v.plan(); p.cur != 10+10+255 {
+		t.Fatalf("a growing node beside a slow one: %+v, want 275", p)
 	}
-	// Once the slow one has been silent for two intervals, this one is alone: unbound.
-	v = view(650, shareNode{count: 10, demand: 10, grewAt: 600}, slow, shareNode{})
-	if p := v.plan(); p.curCapped {
-		t.Fatalf("beside a silent node: %+v, want no bound", p)
+	// Once both have been silent for two intervals, each holds only its count: this
+	// node may take all the rest, 900 − 40 more.
+	v = view(650, shareNode{count: 10, demand: 10, grewAt: 300}, slow, shareNode{})
+	if p := v.plan(); p.cur != 900-40 {
+		t.Fatalf("beside a silent node: %+v, want 860", p)
 	}
 }
 
