@@ -232,7 +232,11 @@ func (v shareView) plan() sharePlan {
 		// they know of it; a small fall is not worth a message, and the node keeps its
 		// bound instead, so that its view and theirs stay the same. A node that is not
 		// busy is set aside only as headroom.
-		if c := v.self; c.claimed && c.active() && !v.sending {
+		if c := v.self; !c.claimed && c.active() && !v.sending {
+			// Newly bound (it was alone with demand, or new to the key): the others
+			// set aside all it was projected to need until they know.
+			p.send = true
+		} else if c.claimed && c.active() && !v.sending {
 			switch {
 			case p.cur > c.claim:
 				p.send = true
