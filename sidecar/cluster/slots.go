@@ -383,6 +383,12 @@ func (s *slots) shareView(k limiter.Key, snap limiter.Snapshot, env shareEnv) (v
 	v.self = shareNode{name: s.self, live: true, shares: true, at: env.now}
 	if ks.ownEnd == end {
 		v.self.grewAt = ks.ownGrewAt
+		// Its demand is projected from when it was last sent, as the others do (the
+		// value of the flush where it grew, and once more at the next), so that a plan
+		// made later, with nothing new, divides as the others' plans do.
+		if ks.ownGrewAt > 0 {
+			v.self.at = min(env.now, ks.ownGrewAt+env.intervalMS)
+		}
 	}
 	if c, ok := s.lim.CapIn(k, size, end); ok {
 		v.self.claim, v.self.claimed, v.self.capped = int64(c), true, true
