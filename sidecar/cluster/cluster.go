@@ -452,7 +452,7 @@ func (c *Cluster) shareEnv(now int64) shareEnv {
 	}
 	c.membersMu.Unlock()
 	return shareEnv{
-		now: now, intervalMS: max(c.cfg.SyncInterval.Milliseconds(), 1),
+		now: now, intervalMS: max(c.cfg.SyncInterval.Milliseconds(), 1), lagMS: c.rep.lag.Load(),
 		live: func(name string) bool { return live[name] }, members: max(len(live), 1),
 	}
 }

@@ -22,6 +22,9 @@ type replicator struct {
 	shareMu sync.Mutex
 	// Flushes made early for a refused check (early): the last flush and early one.
 	lastFlush, lastEarly atomic.Int64
+	// lag is how late the others' sync messages have been arriving, in ms: the
+	// latest lag when it is higher, else decaying towards it.
+	lag atomic.Int64
 	// merged, when set, is told of every value of another node merged here (the live
 	// view's busy keys).
 	merged func(value)
@@ -121,6 +124,22 @@ func (r *replicator) early(now, intervalMS int64) bool {
 	return true
 }
 
+// noteLag notes the lag of a message just received: share mode waits that much longer
+// before it takes another node to be silent.
+func (r *replicator) noteLag(ms int64) {
+	ms = min(max(ms, 0), 10_000)
+	for {
+		old := r.lag.Load()
+		lag := ms
+		if ms < old {
+			lag = old - (old-ms+7)/8
+		}
+		if r.lag.CompareAndSwap(old, lag) {
+			return
+		}
+	}
+}
+
 // windowEnd is the end of the window of sizeMS holding now.
 func windowEnd(now, sizeMS int64) int64 {
 	return (now/max(sizeMS, 1) + 1) * max(sizeMS, 1)
@@ -134,6 +153,7 @@ func (r *replicator) receive(m message, direct bool, now int64) (dropped int) {
 	}
 	if direct {
 		r.slots.sawDirect(m.origin)
+		r.noteLag(now - m.sentAt)
 	}
 	for _, v := range m.values {
 		switch r.slots.merge(m.origin, v, m.sentAt, now) {

@@ -89,6 +89,7 @@ type shareView struct {
 	startMS    int64 // the current window's start
 	sizeMS     int64
 	intervalMS int64 // the sync interval
+	lagMS      int64 // how late the others' messages have been arriving
 	limit      int64
 	members    int // live members, this node included
 	self       shareNode
@@ -143,9 +144,15 @@ func (v shareView) silent(n shareNode) bool {
 	return v.now >= v.silentAt(n)
 }
 
-// silentAt is when the node will be silent if its demand does not grow again.
+// silentAt is when the node will be silent if its demand does not grow again. Another
+// node's is later by how late its messages have been arriving: a count still on its
+// way must not be taken for room.
 func (v shareView) silentAt(n shareNode) int64 {
-	return max(n.grewAt, v.startMS) + silentIntervals*v.intervalMS
+	at := max(n.grewAt, v.startMS) + silentIntervals*v.intervalMS
+	if n.name != v.self.name {
+		at += v.lagMS
+	}
+	return at
 }
 
 // growing reports a live node with demand in this window or the last that is not

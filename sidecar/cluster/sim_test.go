@@ -90,7 +90,7 @@ func (s *simCluster) env(now int64) shareEnv {
 			live[n.name] = true
 		}
 	}
-	return shareEnv{now: now, intervalMS: s.intervalMS, live: func(name string) bool { return live[name] }, members: up}
+	return shareEnv{now: now, intervalMS: s.intervalMS, lagMS: s.nodes[0].rep.lag.Load(), live: func(name string) bool { return live[name] }, members: up}
 }
 
 // run advances the clock by ms milliseconds; load(now, i) is the checks node i gets in

@@ -289,6 +289,8 @@ func (s *slots) each(now int64, f func(origin string, k limiter.Key, sl slot)) {
 type shareEnv struct {
 	now        int64
 	intervalMS int64
+	// lagMS is how late the others' messages have been arriving of late (replicator.lag).
+	lagMS int64
 	// live reports whether a node name is a live member other than this node;
 	// members is the number of live members, this node included.
 	live    func(name string) bool
@@ -362,7 +364,7 @@ func (s *slots) shareView(k limiter.Key, snap limiter.Snapshot, env shareEnv) (v
 	}
 	start := env.now / size * size
 	end := start + size
-	v = shareView{now: env.now, startMS: start, sizeMS: size, intervalMS: env.intervalMS, limit: int64(snap.Limit), members: env.members}
+	v = shareView{now: env.now, startMS: start, sizeMS: size, intervalMS: env.intervalMS, lagMS: env.lagMS, limit: int64(snap.Limit), members: env.members}
 
 	// This node: its snapshot is of the window it last counted in.
 	own := uint64(snap.Own) + uint64(snap.Refused)
