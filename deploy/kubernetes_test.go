@@ -43,6 +43,7 @@ type manifests struct {
 	pdbs         []*policyv1.PodDisruptionBudget
 	policies     []*networkingv1.NetworkPolicy
 	accounts     []*corev1.ServiceAccount
+	podMonitors  []*podMonitor // the Prometheus Operator's (prometheus_test.go)
 }
 
 // decodeManifests decodes every document of files (name -> content) strictly: an unknown
@@ -94,6 +95,9 @@ func decodeManifests(files map[string][]byte) (*manifests, error) {
 			case "v1 ServiceAccount":
 				a := &corev1.ServiceAccount{}
 				m.accounts, obj = append(m.accounts, a), a
+			case "monitoring.coreos.com/v1 PodMonitor":
+				p := &podMonitor{}
+				m.podMonitors, obj = append(m.podMonitors, p), p
 			default:
 				errs = append(errs, fmt.Errorf("%s document %d: kind %q of %q is not one these checks know", name, i+1, tm.Kind, tm.APIVersion))
 				continue
@@ -621,9 +625,10 @@ func checkEnvoyBootstrap(where, path string, c corev1.Container, bs *bootstrapv3
 // adminProbePaths are the admin interface's endpoints a probe may use.
 var adminProbePaths = []string{"/ready"}
 
-// metricsPorts are the sidecar's HTTP port (metrics, /debug/counter, /check) and the
-// core's ops port (metrics, health): only a monitoring namespace may reach them.
-var metricsPorts = map[string]bool{"8082": true, "8083": true}
+// metricsPorts are the sidecar's HTTP port (metrics, /debug/counter, /check), the
+// core's ops port (metrics, health) and Envoy's probe listener (/ready, and the admin
+// interface's /stats/prometheus): only a monitoring namespace may reach them.
+var metricsPorts = map[string]bool{"8082": true, "8083": true, "9902": true}
 
 // checkPolicy: only Envoy's public listener is open to all; the cluster port to some, the
 // metrics ports to a monitoring namespace only; nothing else is listed.

@@ -12,6 +12,7 @@ import (
 
 	"go.yaml.in/yaml/v3"
 	"google.golang.org/protobuf/encoding/protojson"
+	"google.golang.org/protobuf/types/known/anypb"
 
 	bootstrapv3 "github.com/envoyproxy/go-control-plane/envoy/config/bootstrap/v3"
 	listenerv3 "github.com/envoyproxy/go-control-plane/envoy/config/listener/v3"
@@ -22,6 +23,7 @@ import (
 	// resolve them. Add the package here when a config uses a new one.
 	_ "github.com/envoyproxy/go-control-plane/envoy/extensions/access_loggers/stream/v3"
 	_ "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_authz/v3"
+	_ "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/local_ratelimit/v3"
 	_ "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ratelimit/v3"
 	_ "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/router/v3"
 	_ "github.com/envoyproxy/go-control-plane/envoy/extensions/resource_monitors/downstream_connections/v3"
@@ -65,6 +67,8 @@ type Match struct {
 	Status uint32
 	// WebSocket: upgrades to WebSocket are enabled for the route.
 	WebSocket bool
+	// PerFilter is the route's typed_per_filter_config, by filter name.
+	PerFilter map[string]*anypb.Any
 }
 
 // RouteRequest finds where the static listener on port sends a request, as Envoy
@@ -91,7 +95,7 @@ func RouteRequest(bs *bootstrapv3.Bootstrap, port uint32, method, host, path str
 			if !hit {
 				continue
 			}
-			m := Match{VirtualHost: vh.GetName(), Route: r.GetName()}
+			m := Match{VirtualHost: vh.GetName(), Route: r.GetName(), PerFilter: r.GetTypedPerFilterConfig()}
 			if m.Route == "" {
 				m.Route = fmt.Sprintf("#%d", i)
 			}
@@ -225,7 +229,7 @@ func routeMatches(rm *routev3.RouteMatch, method, path string) (bool, error) {
 		return false, fmt.Errorf("a path match this reader does not know: %T", p)
 	}
 	for _, h := range rm.GetHeaders() {
-		if h.GetName() != ":method" || h.GetStringMatch().GetExact() == "" || h.GetInvertMatch() {
+		if h.GetName() != ":method" || h.GetStringMatch().GetExact() == "" || h.GetInvertMatch() || h.GetStringMatch().GetIgnoreCase() {
 			return false, fmt.Errorf("a header match this reader does not know: %v", h)
 		}
 		hit = hit && method == h.GetStringMatch().GetExact()

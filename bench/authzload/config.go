@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/converger/edge/bench/closedloop"
+	"github.com/converger/edge/bench/overload"
 )
 
 // The targets the sidecar must meet with the mix, relative to the no-op server.
@@ -52,6 +53,10 @@ type Config struct {
 	// sidecar's HTTP port runs, to see what the decision costs over it).
 	NoopServer string
 
+	// Overload is the open-loop overload mode (gRPC only), run instead of the mix and
+	// the scenarios when enabled.
+	Overload overload.Config
+
 	// Args are the command-line arguments the configuration came from, for the report's
 	// command that reproduces the run.
 	Args []string
@@ -70,8 +75,9 @@ func DefaultConfig() Config {
 		OverKeys:  1_000,
 		Loop: closedloop.Loop{Concurrency: 32, Conns: closedloop.Counts{1, 4}, Warmup: 2 * time.Second, Duration: 5 * time.Second,
 			Rounds: 3, MaxRequests: 2_000_000},
-		Seed: 1,
-		Out:  "bench/results/authz.md",
+		Seed:     1,
+		Out:      "bench/results/authz.md",
+		Overload: overload.DefaultConfig("bench/results/authz-overload.md"),
 	}
 }
 
@@ -123,6 +129,7 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 		fs.BoolVar(&c.Mix, "mix", c.Mix, "measure the mix (all limited routes, -keys keys, -over of them hot)")
 		fs.IntVar(&c.MixConns, "mix-conns", c.MixConns, "gRPC connections per target of the mix")
 		fs.BoolVar(&c.Scenarios, "scenarios", c.Scenarios, "measure the scenarios: one hot key, -keys keys, -over-keys keys over their limit, each on every -conns")
+		c.Overload.RegisterFlags(fs)
 		fs.IntVar(&c.OverKeys, "over-keys", c.OverKeys, "keys of the over scenario, each over its limit after its first request")
 	}
 	fs.Uint64Var(&c.Seed, "seed", c.Seed, "seed of the request mix")
@@ -154,6 +161,9 @@ func (c Config) Validate() error {
 	check(c.OverKeys >= 1 && c.OverKeys <= 100_000, "-over-keys %d: must be from 1 to 100000", c.OverKeys)
 	check(c.Over >= 0 && c.Over <= 0.5, "-over %g: must be from 0 to 0.5", c.Over)
 	errs = append(errs, c.Loop.Check()...)
+	if c.Overload.Enabled {
+		errs = append(errs, c.Overload.Check()...)
+	}
 	if total := time.Duration(c.Rounds) * 2 * (c.Warmup + c.Duration) * time.Duration(1+len(c.ProxyList())); c.Mix && total > maxRun {
 		errs = append(errs, fmt.Errorf("-rounds × 2 × (-warmup + -duration) × (1 + proxies) = %v: at most %v, since the tokens of the mix expire after 30 minutes", total, maxRun))
 	}

@@ -20,10 +20,13 @@ import (
 	rpcstatus "google.golang.org/genproto/googleapis/rpc/status"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/reflection"
 
+	"github.com/converger/edge/bench/benchtls"
+	"github.com/converger/edge/shared/tlsconfig"
 	"github.com/converger/edge/sidecar/service"
 )
 
@@ -56,10 +59,14 @@ func (RateLimit) ShouldRateLimit(_ context.Context, req *rlsv3.RateLimitRequest)
 	return resp, nil
 }
 
-// NewGRPCServer returns a gRPC server with the sidecar's options and services: the no-op
-// Authorization and RateLimitService, health and reflection.
-func NewGRPCServer() *grpc.Server {
-	s := grpc.NewServer(service.GRPCServerOptions()...)
+// NewGRPCServer returns a gRPC server with the sidecar's options (or opts) and services:
+// the no-op Authorization and RateLimitService, health and reflection. Serve puts it on
+// mutual TLS when benchtls.DirEnv is set.
+func NewGRPCServer(opts ...grpc.ServerOption) *grpc.Server {
+	if len(opts) == 0 {
+		opts = service.GRPCServerOptions()
+	}
+	s := grpc.NewServer(opts...)
 	authv3.RegisterAuthorizationServer(s, Server{})
 	rlsv3.RegisterRateLimitServiceServer(s, RateLimit{})
 	h := health.NewServer()
@@ -78,7 +85,15 @@ func Serve(ctx context.Context, addr string, ready func(net.Addr)) error {
 	if err != nil {
 		return fmt.Errorf("noop: %w", err)
 	}
-	s := NewGRPCServer()
+	opts := service.GRPCServerOptions()
+	if f := benchtls.ServerFiles(); f != nil {
+		t, err := tlsconfig.NewServer(f, tlsconfig.Options{}, "h2")
+		if err != nil {
+			return fmt.Errorf("noop: %w", err)
+		}
+		opts = append(opts, grpc.Creds(credentials.NewTLS(t.Config())))
+	}
+	s := NewGRPCServer(opts...)
 	errc := make(chan error, 1)
 	go func() { errc <- s.Serve(l) }()
 	if ready != nil {

@@ -11,12 +11,20 @@ import (
 	"os/exec"
 	"strings"
 	"time"
+
+	"github.com/converger/edge/bench/benchtls"
 )
 
 // StartSidecar starts the sidecar binary on free loopback ports, with SidecarEnv and the
 // variables of env (KEY=value), and waits until /readyz answers 200. It returns the process
 // and its gRPC and HTTP addresses.
 func StartSidecar(ctx context.Context, bin string, env []string, log io.Writer) (p *Proc, grpcAddr, httpAddr string, err error) {
+	return StartSidecarUnder(ctx, nil, bin, env, log)
+}
+
+// StartSidecarUnder is StartSidecar with the binary run by the command prefix (for
+// example taskset -c 0), none when prefix is empty.
+func StartSidecarUnder(ctx context.Context, prefix []string, bin string, env []string, log io.Writer) (p *Proc, grpcAddr, httpAddr string, err error) {
 	base := SidecarEnv()
 	var lastErr error
 	for range 3 {
@@ -25,8 +33,9 @@ func StartSidecar(ctx context.Context, bin string, env []string, log io.Writer) 
 			return nil, "", "", err
 		}
 		grpcAddr, httpAddr = ports[0], ports[1]
-		cmd := exec.Command(bin)
-		cmd.Env = append(append(base[:len(base):len(base)], "SIDECAR_GRPC_ADDR="+grpcAddr, "SIDECAR_HTTP_ADDR="+httpAddr), env...)
+		argv := append(prefix[:len(prefix):len(prefix)], bin)
+		cmd := exec.Command(argv[0], argv[1:]...)
+		cmd.Env = append(append(append(base[:len(base):len(base)], "SIDECAR_GRPC_ADDR="+grpcAddr, "SIDECAR_HTTP_ADDR="+httpAddr), benchtls.SidecarEnv()...), env...)
 		p, err = Start("sidecar", cmd, &TailWriter{Prefix: "sidecar: ", W: log})
 		if err != nil {
 			return nil, "", "", err

@@ -11,9 +11,10 @@ import (
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/connectivity"
-	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/mem"
 	"google.golang.org/protobuf/encoding/protowire"
+
+	"github.com/converger/edge/bench/benchtls"
 )
 
 // Method is the full name of Authorization/Check.
@@ -161,7 +162,8 @@ func varintField(b []byte, num protowire.Number) (v uint64, ok bool) {
 	return v, true
 }
 
-// Dial opens n connections to addr that use the Codec, and waits (at most 10 seconds)
+// Dial opens n connections to addr that use the Codec (over mutual TLS when
+// benchtls.DirEnv is set), and waits (at most 10 seconds)
 // until all are ready. On error it closes those it opened.
 func Dial(ctx context.Context, addr string, n int) (conns []*grpc.ClientConn, err error) {
 	defer func() {
@@ -170,9 +172,13 @@ func Dial(ctx context.Context, addr string, n int) (conns []*grpc.ClientConn, er
 			conns = nil
 		}
 	}()
+	creds, err := benchtls.ClientCredentials()
+	if err != nil {
+		return nil, err
+	}
 	for range n {
 		c, err := grpc.NewClient(addr,
-			grpc.WithTransportCredentials(insecure.NewCredentials()),
+			grpc.WithTransportCredentials(creds),
 			grpc.WithDefaultCallOptions(grpc.ForceCodecV2(Codec{})))
 		if err != nil {
 			return conns, err

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/converger/edge/bench/closedloop"
+	"github.com/converger/edge/bench/overload"
 )
 
 // The aims the sidecar must meet in every scenario on one connection, relative to the
@@ -34,6 +35,8 @@ type Config struct {
 	Seed            uint64 // of the order of the keys
 	Out             string // markdown report; "" writes none
 	Strict          bool   // exit 1 when a target is missed
+	// Overload is the open-loop overload mode, run instead of the scenarios when enabled.
+	Overload overload.Config
 	// Args are the command-line arguments, for the report's command that reproduces the run.
 	Args []string
 }
@@ -46,8 +49,9 @@ func DefaultConfig() Config {
 		OverKeys: 1_000,
 		Loop: closedloop.Loop{Concurrency: 32, Conns: closedloop.Counts{1, 4}, Warmup: time.Second, Duration: 3 * time.Second,
 			Rounds: 3, MaxRequests: 2_000_000},
-		Seed: 1,
-		Out:  "bench/results/rls.md",
+		Seed:     1,
+		Out:      "bench/results/rls.md",
+		Overload: overload.DefaultConfig("bench/results/rls-overload.md"),
 	}
 }
 
@@ -57,6 +61,7 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.IntVar(&c.Keys, "keys", c.Keys, "client addresses of the many-keys scenario")
 	fs.IntVar(&c.OverKeys, "over-keys", c.OverKeys, "client addresses of the over-limit scenario, each over its limit after its first request")
 	c.Loop.RegisterFlags(fs, true) // per scenario and number of connections
+	c.Overload.RegisterFlags(fs)
 	fs.Uint64Var(&c.Seed, "seed", c.Seed, "seed of the order of the keys")
 	fs.StringVar(&c.Out, "out", c.Out, "markdown report (relative paths: from the repository root); empty: none")
 	fs.BoolVar(&c.Strict, "strict", c.Strict, fmt.Sprintf("exit 1 when the sidecar misses an aim in a scenario on one connection (throughput ≥ %.2f×, p99 ≤ %.2f×, CPU per call ≤ %.2f× the no-op's)", MinThroughputRatio, MaxP99Ratio, MaxCPURatio))
@@ -77,6 +82,9 @@ func (c Config) Validate() error {
 	check(c.Keys >= 1 && c.Keys <= 1_000_000, "-keys %d: must be from 1 to 1000000", c.Keys)
 	check(c.OverKeys >= 1 && c.OverKeys <= 1_000_000, "-over-keys %d: must be from 1 to 1000000", c.OverKeys)
 	errs = append(errs, c.Loop.Check()...)
+	if c.Overload.Enabled {
+		errs = append(errs, c.Overload.Check()...)
+	}
 	if total := time.Duration(len(scenarios)*len(c.Conns)*c.Rounds) * 2 * (c.Warmup + c.Duration); total > maxRun {
 		errs = append(errs, fmt.Errorf("3 scenarios × connection counts × -rounds × 2 × (-warmup + -duration) = %v: at most %v", total, maxRun))
 	}

@@ -18,6 +18,8 @@ import (
 	"github.com/converger/edge/core/metrics"
 	"github.com/converger/edge/core/store"
 	"github.com/converger/edge/shared/apierror"
+	"github.com/converger/edge/shared/bodybudget"
+	"github.com/converger/edge/shared/clientip"
 	"github.com/converger/edge/shared/limiterclient"
 	"github.com/converger/edge/shared/netlimit"
 	"github.com/converger/edge/shared/pgguard"
@@ -67,6 +69,19 @@ type Deps struct {
 	// The bounds of config.Bounds; zero values take config.DefaultBounds'.
 	MaxInFlight                                            int
 	RequestTimeout, ReadTimeout, WriteTimeout, IdleTimeout time.Duration
+	// The body budget (bodies.go): MiB in total and per client address, and the least
+	// rate in bytes per second (0: none); zero budgets take config.DefaultBounds'.
+	BodyBudgetMB, BodyBudgetPerIPMB, BodyMinRate int
+	// The long-lived connections' bounds (sockets.go); zero values take
+	// config.DefaultBounds'.
+	MaxStreamsPerToken, MaxStreamsPerConversation, MaxSocketsPerIP int
+	// ClientIP resolves the client address behind TRUSTED_PROXIES for the per-address
+	// bounds; nil: the connection's address.
+	ClientIP *clientip.Resolver
+	// Credentialed reports whether a request of the login pages or the console carries
+	// a credential that holds (a session, an admin token), for the body budget:
+	// without one a body gets at most a few KiB. Nil: none does.
+	Credentialed func(*fiber.Ctx) (bool, error)
 }
 
 // Limiter is the part of the sidecar's Limiter service the API uses;
@@ -82,6 +97,8 @@ const (
 	defaultReadTimeout    = 10 * time.Second
 	defaultWriteTimeout   = 30 * time.Second
 	defaultIdleTimeout    = 2 * time.Minute
+	defaultBodyBudgetMB   = 64
+	defaultBodyPerIPMB    = 16
 )
 
 // server holds the dependencies the handlers share.
@@ -95,6 +112,7 @@ type server struct {
 	cors           *corsPolicy
 	inFlight       *admission
 	apiKeys        *apiKeyCache
+	bodies         *bodybudget.Budget
 }
 
 // New returns the fiber app. Start its background work (the stream's fan-out, the
@@ -123,8 +141,28 @@ func New(d Deps) (*fiber.App, *Listener) {
 	if d.MaxInFlight <= 0 {
 		d.MaxInFlight = defaultMaxInFlight
 	}
+	for _, v := range []struct {
+		dst *int
+		def int
+	}{
+		{&d.MaxStreamsPerToken, defaultMaxStreamsPerToken}, {&d.MaxStreamsPerConversation, defaultMaxStreamsPerConversation},
+		{&d.MaxSocketsPerIP, defaultMaxSocketsPerIP},
+	} {
+		if *v.dst <= 0 {
+			*v.dst = v.def
+		}
+	}
+	if d.BodyBudgetMB <= 0 {
+		d.BodyBudgetMB = defaultBodyBudgetMB
+	}
+	if d.BodyBudgetPerIPMB <= 0 {
+		d.BodyBudgetPerIPMB = defaultBodyPerIPMB
+	}
 	s := &server{Deps: d, hub: newHub(), sockets: newSocketCounts(), cors: newCORSPolicy(d.CORSOrigins, d.PublicURL),
-		inFlight: newAdmission(d.MaxInFlight), apiKeys: newAPIKeyCache(d.Now)}
+		inFlight: newAdmission(d.MaxInFlight), apiKeys: newAPIKeyCache(d.Now),
+		bodies: bodybudget.New(int64(d.BodyBudgetMB)<<20, int64(d.BodyBudgetPerIPMB)<<20)}
+	s.registerBodyMetrics()
+	s.registerSocketMetrics()
 	app := fiber.New(fiber.Config{
 		AppName:               "converger-core",
 		DisableStartupMessage: true,
@@ -137,15 +175,17 @@ func New(d Deps) (*fiber.App, *Listener) {
 		ReadBufferSize: maxHeaderBytes,
 		// Multipart bodies are parsed by the upload route only, with its errors.
 		DisablePreParseMultipartForm: true,
-		ErrorHandler:                 s.errorHandler,
-		JSONEncoder:                  marshalJSON,
+		// Bodies are read by readBody, within the body budget (bodies.go).
+		StreamRequestBody: true,
+		ErrorHandler:      s.errorHandler,
+		JSONEncoder:       marshalJSON,
 	})
 	app.Server().HeaderReceived = s.requestConfig
 	// In this order: every answer carries a request id and is observed; a panic is a
 	// 500; then the cheap refusals (headers, bodies); CORS (a preflight is answered from
 	// memory, and a page can read the refusals after it); the database and in-flight
 	// bounds; and only then what costs a call (the ext_authz check) and the routes.
-	app.Use(s.requestID, s.observe, s.recover, s.checkRequest)
+	app.Use(s.requestID, s.observe, s.recover, s.readBody, s.checkRequest)
 	app.Use(corsPath, s.corsHandler)
 	app.Use(s.requireDatabase, s.admit)
 	for _, m := range d.Middleware {
@@ -221,6 +261,11 @@ func (s *server) answerError(c *fiber.Ctx, err error) error {
 		case fiber.StatusMethodNotAllowed:
 			return fail(c, errMethod, nil)
 		case fiber.StatusRequestTimeout:
+			if limit, ok := declaredTooLarge.LoadAndDelete(&c.Context().Request.Header); ok {
+				s.bodies.Refuse(bodybudget.ErrTooLarge)
+				netlimit.LingerOnClose(c.Context().Conn())
+				return fail(c, errPayloadTooLarge, map[string]any{"max_bytes": limit})
+			}
 			return fail(c, errRequestTimeout, nil)
 		case fiber.StatusRequestHeaderFieldsTooLarge:
 			return fail(c, errHeadersTooLarge, nil)

@@ -1,10 +1,8 @@
 package api
 
 import (
-	"crypto/sha256"
 	"errors"
 	"strings"
-	"time"
 
 	"github.com/gofiber/fiber/v2"
 
@@ -23,24 +21,12 @@ var (
 // requireTenant authenticates the tenant API: x-api-key, current or within its
 // rotation grace, of an active tenant (remembered for a while: apikeys.go).
 func (s *server) requireTenant(c *fiber.Ctx) error {
-	key := c.Get("x-api-key")
-	if key == "" || len(key) > 256 {
-		return fail(c, errAPIKey, nil)
+	t, found, err := s.tenantByKey(c)
+	if err != nil {
+		return err
 	}
-	h := sha256.Sum256([]byte(key))
-	t, ok := s.apiKeys.get(h)
-	if !ok {
-		gen := s.apiKeys.generation()
-		var until time.Time
-		var err error
-		t, until, err = s.Store.TenantByAPIKeyUntil(c.UserContext(), key)
-		if errors.Is(err, store.ErrNotFound) {
-			return fail(c, errAPIKey, nil)
-		}
-		if err != nil {
-			return err
-		}
-		s.apiKeys.put(gen, h, t, until)
+	if !found {
+		return fail(c, errAPIKey, nil)
 	}
 	c.Locals(localTenant, t)
 	return c.Next()

@@ -13,6 +13,7 @@ import (
 	"github.com/gofiber/fiber/v2"
 
 	"github.com/converger/edge/core/api"
+	"github.com/converger/edge/shared/apierror"
 )
 
 // CORS of the client API (cors.go).
@@ -401,7 +402,8 @@ func TestCORSHeadersOnTheCheckDenials(t *testing.T) {
 				return c.Next()
 			}
 			c.Set("retry-after", "1")
-			return c.Status(429).SendString(`{"error":{"code":"rate_limited"}}`)
+			c.Set(fiber.HeaderContentType, fiber.MIMEApplicationJSON)
+			return c.Status(429).Send(apierror.RateLimited.Body(map[string]any{"retry_after_ms": 1000}, "check-1"))
 		}}
 	}})
 	allowedPreflight(t, "preflight", e.preflight(e.base, "/api/v1/converger/tokens/generate", siteA), siteA)

@@ -10,6 +10,7 @@ import (
 	"testing"
 
 	"github.com/converger/edge/core/api"
+	"github.com/converger/edge/docs/openapi"
 )
 
 // apiDoc is the API reference in the repository.
@@ -56,6 +57,45 @@ func TestAPIReferenceCoversEveryRoute(t *testing.T) {
 	}
 	if !strings.Contains(string(doc), "(admin-api.md)") {
 		t.Error("docs/api.md does not point to admin-api.md, the console's reference")
+	}
+}
+
+// TestOpenAPIDocumentsCoverEveryRoute: every route the core serves is an operation of
+// the client API's, the tenant API's or the inbound webhooks' OpenAPI document
+// (docs/openapi), and every operation of those is a route it serves.
+func TestOpenAPIDocumentsCoverEveryRoute(t *testing.T) {
+	documented := map[string]string{}
+	for _, name := range []string{openapi.ClientAPI, openapi.TenantAPI, openapi.Webhooks} {
+		doc, err := openapi.Load(name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, op := range openapi.Operations(doc) {
+			if other, ok := documented[op]; ok {
+				t.Errorf("%s is in both %s and %s", op, other, name)
+			}
+			documented[op] = name
+		}
+	}
+	app, _ := api.New(api.Deps{})
+	served := map[string]bool{}
+	for _, r := range app.GetRoutes(true) {
+		if r.Method != "HEAD" {
+			served[r.Method+" "+r.Path] = true
+		}
+	}
+	for _, r := range keysOf(served) {
+		if documented[r] == "" {
+			t.Errorf("%s is served but is in no OpenAPI document of docs/openapi", r)
+		}
+	}
+	for r, name := range documented {
+		if !served[r] {
+			t.Errorf("docs/openapi/%s has %s, which the core does not serve", name, r)
+		}
+	}
+	if len(documented) < 20 {
+		t.Fatalf("only %d operations documented", len(documented))
 	}
 }
 

@@ -3,10 +3,12 @@ package api
 // What keeps the core answering under hostile clients and overload, in the order a
 // request meets it:
 //
-//   - fasthttp reads at most maxHeaderBytes of headers and, once it has the headers,
-//     at most the route's body limit (bodyRule, through HeaderReceived), within
-//     CORE_READ_TIMEOUT (uploads: uploadReadTimeout): a larger body is a 413 before it
-//     is read;
+//   - fasthttp reads at most maxHeaderBytes of headers and a byte or two of the body
+//     (prefetchBody), within CORE_READ_TIMEOUT (uploads: uploadReadTimeout);
+//   - readBody reads the body within the route's limit (bodyRule: 413 beyond it, before
+//     it is read when its length says so), the body budget (503) and the least rate
+//     (408), and gives a request without a credential that holds a few KiB at most
+//     (bodies.go);
 //   - checkRequest refuses too many headers (431) and compressed bodies on routes that
 //     do not take them (415), and inflates those of the routes that do through a
 //     reader capped at the route's limit (413 beyond it);
@@ -31,16 +33,19 @@ import (
 	"net"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/gofiber/fiber/v2"
 	"github.com/valyala/fasthttp"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/converger/edge/core/inbound"
 	"github.com/converger/edge/core/metrics"
 	"github.com/converger/edge/shared/apierror"
 	"github.com/converger/edge/shared/netlimit"
+	"github.com/converger/edge/shared/tracing"
 )
 
 const (
@@ -138,20 +143,33 @@ func matchPath(path, pattern string) bool {
 	}
 }
 
-// requestConfig is fasthttp's HeaderReceived: the body limit and read timeout of the
-// request's route, known before the body is read.
+// requestConfig is fasthttp's HeaderReceived: the read timeout of the request's route,
+// known before the body is read. fasthttp reads at most prefetchBody bytes of a body
+// before the handler runs; readBody reads the rest within the route's limit and the
+// body budget.
 func (s *server) requestConfig(h *fasthttp.RequestHeader) fasthttp.RequestConfig {
 	if !h.IsPost() && !h.IsPut() && !h.IsPatch() {
-		return fasthttp.RequestConfig{MaxRequestBodySize: s.maxJSONBody()}
+		return fasthttp.RequestConfig{MaxRequestBodySize: prefetchBody}
 	}
 	u := fasthttp.AcquireURI()
 	defer fasthttp.ReleaseURI(u)
 	if err := u.Parse(nil, h.RequestURI()); err != nil {
-		return fasthttp.RequestConfig{MaxRequestBodySize: s.maxJSONBody()}
+		return fasthttp.RequestConfig{MaxRequestBodySize: prefetchBody}
 	}
 	r := s.bodyRule(string(h.Method()), string(u.Path()))
-	return fasthttp.RequestConfig{MaxRequestBodySize: r.max, ReadTimeout: r.readTimeout}
+	if h.ContentLength() > r.max {
+		// Answered 413 at once, not once a byte of the body came: the read of the
+		// body times out at once and the error handler sees the mark.
+		declaredTooLarge.Store(h, r.max)
+		return fasthttp.RequestConfig{MaxRequestBodySize: prefetchBody, ReadTimeout: time.Nanosecond}
+	}
+	return fasthttp.RequestConfig{MaxRequestBodySize: prefetchBody, ReadTimeout: r.readTimeout}
 }
+
+// declaredTooLarge marks the requests (by their header, which fasthttp reuses with its
+// request context) whose Content-Length is over their route's limit, with the limit,
+// between requestConfig and the answer.
+var declaredTooLarge sync.Map
 
 // checkRequest bounds the header count and applies the route's rule to compressed
 // bodies.
@@ -283,7 +301,7 @@ func (s *server) admit(c *fiber.Ctx) error {
 		s.Metrics.Shed(metrics.ShedInFlight)
 		return failUnavailable(c, errOverloaded)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), s.requestTimeout(c))
+	ctx, cancel := context.WithTimeout(c.UserContext(), s.requestTimeout(c))
 	r := &admitted{conn: c.Context().Conn(), cancel: cancel, start: time.Now()}
 	s.inFlight.slots[slot].Store(r)
 	gauge := s.Metrics.InFlight()
@@ -344,12 +362,22 @@ const localObserved localKey = 100
 func (s *server) observe(c *fiber.Ctx) error {
 	start := time.Now()
 	c.Locals(localObserved, true)
+	var span trace.Span
+	if tracing.Enabled() {
+		span = startSpan(c)
+	}
 	if err := c.Next(); err != nil {
 		if err := s.errorHandler(c, err); err != nil {
+			if span != nil {
+				endSpan(c, span)
+			}
 			return err
 		}
 	}
 	s.record(c, start)
+	if span != nil {
+		endSpan(c, span)
+	}
 	return nil
 }
 
@@ -382,11 +410,16 @@ func routePattern(c *fiber.Ctx) string {
 
 // methodLabel is the method as a label: the known ones, else "other" (a client chooses
 // the method, and labels must stay few).
+//
+// It returns the constant, never m: fiber's method string is a view of the request's
+// buffer, which the next request on the connection overwrites, and a label kept in the
+// metrics' maps must not change under them.
 func methodLabel(m string) string {
-	switch m {
-	case fiber.MethodGet, fiber.MethodPost, fiber.MethodPut, fiber.MethodPatch, fiber.MethodDelete,
-		fiber.MethodHead, fiber.MethodOptions:
-		return m
+	for _, known := range [...]string{fiber.MethodGet, fiber.MethodPost, fiber.MethodPut, fiber.MethodPatch, fiber.MethodDelete,
+		fiber.MethodHead, fiber.MethodOptions} {
+		if m == known {
+			return known
+		}
 	}
 	return "other"
 }

@@ -139,29 +139,18 @@ func (s *server) legacyCheck(c *fiber.Ctx) error {
 	if !fiberws.IsWebSocketUpgrade(c) {
 		return fail(c, errLegacyNotWebSocket, nil)
 	}
-	slot, bound := s.sockets.acquire(c.Query("token"), conv.ID)
+	slot, bound := s.sockets.acquire(
+		socketKey{boundLegacyToken, tokenKey(c.Query("token")), legacyMaxSocketsPerToken},
+		socketKey{boundLegacyConversation, conv.ID, legacyMaxSocketsPerConversation},
+		socketKey{boundClientIP, s.clientKey(c), s.MaxSocketsPerIP})
 	if slot == nil {
-		c.Set(fiber.HeaderRetryAfter, "1")
-		limit := legacyMaxSocketsPerToken
-		if bound == "conversation" {
-			limit = legacyMaxSocketsPerConversation
-		}
-		return fail(c, apierror.RateLimited.WithMessage(fmt.Sprintf(
-			"Too many open connections for this %s (at most %d); close one first.", bound, limit)), nil)
+		return refuseSocket(c, bound)
 	}
 	c.Locals(legacyLocal, &legacyStart{claims: cl, conv: conv, requestID: requestID(c), slot: slot})
 	err = c.Next()
-	if c.Response().StatusCode() != fiber.StatusSwitchingProtocols {
-		slot.release()
-	} else {
-		// The connection starts after this handler returns; one that never does (the
-		// handshake's write failed) gives its slot back later.
-		time.AfterFunc(legacySlotGrace, func() {
-			if !slot.started.Load() {
-				slot.release()
-			}
-		})
-	}
+	// The connection starts after this handler returns; one that never does gives its
+	// slot back later.
+	slot.releaseUnstarted(c.Response().StatusCode() == fiber.StatusSwitchingProtocols)
 	return err
 }
 

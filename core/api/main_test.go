@@ -21,12 +21,18 @@ import (
 	"github.com/converger/edge/core/credentials"
 	"github.com/converger/edge/core/migrations"
 	"github.com/converger/edge/core/store"
+	"github.com/converger/edge/docs/openapi"
 	"github.com/converger/edge/shared/netlimit"
 	"github.com/converger/edge/shared/pgserver"
 	"github.com/converger/edge/shared/token"
 )
 
-func TestMain(m *testing.M) { os.Exit(pgserver.RunTests(m)) }
+// TestMain checks every exchange of the tests against the OpenAPI documents
+// (docs/openapi).
+func TestMain(m *testing.M) {
+	os.Exit(openapi.CheckDefaultTransport(func() int { return pgserver.RunTests(m) },
+		openapi.TenantAPI, openapi.ClientAPI, openapi.Webhooks))
+}
 
 // env is a running core on a fresh database, reached over real HTTP.
 type env struct {

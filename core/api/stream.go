@@ -290,6 +290,7 @@ type streamStart struct {
 	claims *token.Claims
 	conv   store.Conversation
 	after  int64
+	slot   *socketSlot
 }
 
 func (s *server) streamCheck(c *fiber.Ctx) error {
@@ -306,8 +307,17 @@ func (s *server) streamCheck(c *fiber.Ctx) error {
 	if !ok {
 		after = 0
 	}
-	c.Locals(streamLocal, &streamStart{claims: claims(c), conv: conv, after: after})
-	return c.Next()
+	slot, bound := s.sockets.acquire(
+		socketKey{boundStreamToken, tokenKey(c.Query("t") + bearer(c)), s.MaxStreamsPerToken},
+		socketKey{boundStreamConversation, conv.ID, s.MaxStreamsPerConversation},
+		socketKey{boundClientIP, s.clientKey(c), s.MaxSocketsPerIP})
+	if slot == nil {
+		return refuseSocket(c, bound)
+	}
+	c.Locals(streamLocal, &streamStart{claims: claims(c), conv: conv, after: after, slot: slot})
+	err = c.Next()
+	slot.releaseUnstarted(c.Response().StatusCode() == fiber.StatusSwitchingProtocols)
+	return err
 }
 
 // streamRecover logs a panic of a stream without the request (its URL holds the token).
@@ -348,6 +358,8 @@ func (s *server) serveStream(conn *fiberws.Conn) {
 	if start == nil {
 		return
 	}
+	start.slot.started.Store(true)
+	defer start.slot.release()
 	st := &stream{s: s, ws: conn.Conn, claims: start.claims, conv: start.conv, last: start.after,
 		out: make(chan []byte, streamMaxPendingFrames), drained: make(chan struct{}, 1), readerDone: make(chan struct{})}
 	st.ctx, st.cancel = context.WithCancel(s.hub.ctx)

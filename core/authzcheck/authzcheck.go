@@ -8,6 +8,10 @@
 // sequence becomes "!"), since proto3 strings must be UTF-8 and a request the gRPC
 // client cannot encode would otherwise never be checked.
 //
+// Only the requests that the sidecar's built-in route table matches are asked about:
+// on any other route no bucket counts the request, the sidecar would allow it, and the
+// round trip (and, under overload, its share of the sidecar's capacity) is saved.
+//
 // Failure mode: a Check that fails — the sidecar unreachable, slower than the timeout,
 // answering a gRPC error, or an error of ours building or sending it — is counted and
 // logged, and then decided by the route: requests on routes whose buckets protect
@@ -23,6 +27,7 @@ package authzcheck
 
 import (
 	"context"
+	"crypto/tls"
 	"fmt"
 	"log/slog"
 	"net"
@@ -36,12 +41,14 @@ import (
 	"github.com/gofiber/fiber/v2"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/keepalive"
 	"google.golang.org/grpc/status"
 
 	"github.com/converger/edge/shared/apierror"
 	"github.com/converger/edge/shared/buckets"
+	"github.com/converger/edge/shared/tracing"
 	"github.com/converger/edge/sidecar/routes"
 )
 
@@ -53,6 +60,8 @@ const DefaultTimeout = 250 * time.Millisecond
 type Options struct {
 	// Addr is the sidecar's gRPC address (AUTHZ_ADDR), host:port.
 	Addr string
+	// TLS makes the connection speak TLS (AUTHZ_TLS_*); nil: plain text.
+	TLS *tls.Config
 	// Timeout bounds one Check (DefaultTimeout when zero).
 	Timeout time.Duration
 	// Logger receives the failure warnings (slog.Default() when nil).
@@ -75,7 +84,11 @@ type Checker struct {
 	// credentials matches the requests whose Check protects credentials, as the
 	// sidecar's built-in route table matches them.
 	credentials *routes.Table
+	// limited is the sidecar's built-in route table: a request it does not match is
+	// counted in no bucket, so the sidecar would allow it, and it is not asked.
+	limited *routes.Table
 
+	skipped      atomic.Uint64 // requests on routes no bucket counts, not asked about
 	failedOpen   atomic.Uint64 // requests let through because the Check failed
 	failedClosed atomic.Uint64 // requests refused because the Check failed
 	failing      atomic.Bool   // the last Check failed
@@ -95,11 +108,17 @@ func New(o Options) (*Checker, error) {
 	if o.Logger == nil {
 		o.Logger = slog.Default()
 	}
+	creds := insecure.NewCredentials()
+	if o.TLS != nil {
+		creds = credentials.NewTLS(o.TLS)
+	}
 	conn, err := grpc.NewClient(o.Addr,
-		grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithTransportCredentials(creds),
 		// As Envoy's sidecar_authz cluster: HTTP/2 keepalive pings every 30 s (the
 		// sidecar's server permits pings every 5 s).
 		grpc.WithKeepaliveParams(keepalive.ClientParameters{Time: 30 * time.Second, Timeout: 5 * time.Second}),
+		// A span of its own, in the request's trace, while tracing is on.
+		grpc.WithUnaryInterceptor(tracing.UnaryClientInterceptor()),
 	)
 	if err != nil {
 		return nil, fmt.Errorf("AUTHZ_ADDR=%q: %w", o.Addr, err)
@@ -108,8 +127,12 @@ func New(o Options) (*Checker, error) {
 	if err != nil {
 		return nil, err
 	}
+	limited, err := routes.New(routes.BuiltIn())
+	if err != nil {
+		return nil, err
+	}
 	return &Checker{addr: o.Addr, conn: conn, client: authv3.NewAuthorizationClient(conn), timeout: o.Timeout,
-		log: o.Logger, closedAll: o.FailClosed, credentials: table}, nil
+		log: o.Logger, closedAll: o.FailClosed, credentials: table, limited: limited}, nil
 }
 
 // credentialRoutes are the sidecar's built-in routes whose buckets protect credentials,
@@ -135,6 +158,10 @@ func (k *Checker) Close() error { return k.conn.Close() }
 // failed.
 func (k *Checker) FailedOpen() uint64 { return k.failedOpen.Load() }
 
+// Skipped returns how many requests were not asked about because no bucket counts
+// their route.
+func (k *Checker) Skipped() uint64 { return k.skipped.Load() }
+
 // FailedClosed returns how many requests were refused because the Check failed.
 func (k *Checker) FailedClosed() uint64 { return k.failedClosed.Load() }
 
@@ -148,6 +175,10 @@ func (k *Checker) Failing() bool { return k.failing.Load() }
 // so that the Check carries the request's x-request-id (api.New runs Deps.Middleware
 // after it).
 func (k *Checker) Handler(c *fiber.Ctx) error {
+	if _, _, ok := k.limited.Match(c.Method(), validUTF8(c.Request().Header.RequestURI())); !ok {
+		k.skipped.Add(1)
+		return c.Next() // no bucket counts it: a Check would be a round trip for an allow
+	}
 	ctx, cancel := context.WithTimeout(c.UserContext(), k.timeout)
 	resp, err := k.client.Check(ctx, Request(c))
 	cancel()

@@ -521,11 +521,15 @@ func TestCheckRequestIsEnvoys(t *testing.T) {
 	}
 
 	// A client's sensible x-request-id is kept, as behind Envoy.
-	r := c.do("GET", "/nope", "", map[string]string{"x-request-id": "client-id-1"})
+	r := c.do("POST", limitedPath, "{}", map[string]string{"x-request-id": "client-id-1"})
 	if got := f.last(t).GetAttributes().GetRequest().GetHttp().GetHeaders()["x-request-id"]; got != "client-id-1" || r.header.Get("x-request-id") != "client-id-1" {
 		t.Errorf("x-request-id %q in the Check, %q on the response; want client-id-1", got, r.header.Get("x-request-id"))
 	}
 }
+
+// limitedPath is a route of the sidecar's table (activity_create), which the middleware
+// asks about; without an API key the core answers it 401.
+const limitedPath = "/api/v1/conversations/x/activities"
 
 func header(k, v string, action corev3.HeaderValueOption_HeaderAppendAction) *corev3.HeaderValueOption {
 	return &corev3.HeaderValueOption{Header: &corev3.HeaderValue{Key: k, Value: v}, AppendAction: action}
@@ -551,7 +555,7 @@ func TestAnswersAreEnforcedAsTheyAre(t *testing.T) {
 			}},
 		}, 0)
 		before := c.reached.Load()
-		r := c.do("GET", "/api/v1/conversations/x", "", nil)
+		r := c.do("POST", limitedPath, "{}", nil)
 		if r.status != 402 || string(r.body) != "pay up" || r.header.Get("content-type") != "text/plain" ||
 			r.header.Get("x-request-id") != "from-sidecar" || r.header.Get("x-extra") != "1" {
 			t.Fatalf("got %d %v %q", r.status, r.header, r.body)
@@ -564,7 +568,7 @@ func TestAnswersAreEnforcedAsTheyAre(t *testing.T) {
 	t.Run("denied without a response", func(t *testing.T) {
 		// Envoy answers 403 when a denial carries no status; the core keeps its envelope.
 		f.set(&authv3.CheckResponse{Status: &rpcstatus.Status{Code: int32(codes.PermissionDenied)}}, 0)
-		r := c.do("GET", "/api/v1/conversations/x", "", map[string]string{"x-request-id": "rid-403"})
+		r := c.do("POST", limitedPath, "{}", map[string]string{"x-request-id": "rid-403"})
 		var env envelope
 		if err := json.Unmarshal(r.body, &env); err != nil || r.status != 403 || env.Error.Code != "forbidden" || env.Error.RequestID != "rid-403" {
 			t.Fatalf("got %d %s", r.status, r.body)
@@ -578,8 +582,8 @@ func TestAnswersAreEnforcedAsTheyAre(t *testing.T) {
 				ResponseHeadersToAdd: []*corev3.HeaderValueOption{header("x-checked", "yes", corev3.HeaderValueOption_OVERWRITE_IF_EXISTS_OR_ADD)},
 			}},
 		}, 0)
-		r := c.do("GET", "/nope", "", nil)
-		if r.status != 404 || r.header.Get("x-checked") != "yes" {
+		r := c.do("POST", limitedPath, "{}", nil)
+		if r.status != 401 || r.header.Get("x-checked") != "yes" {
 			t.Fatalf("got %d %v %s", r.status, r.header, r.body)
 		}
 	})
@@ -588,9 +592,9 @@ func TestAnswersAreEnforcedAsTheyAre(t *testing.T) {
 		f.set(nil, 2*time.Second)
 		start := time.Now()
 		before := c.reached.Load()
-		r := c.do("GET", "/nope", "", nil)
-		if el := time.Since(start); r.status != 404 || c.reached.Load() != before+1 || el > 1500*time.Millisecond || el < authzcheck.DefaultTimeout {
-			t.Fatalf("got %d after %v, want the core's 404 after about %v", r.status, el, authzcheck.DefaultTimeout)
+		r := c.do("POST", limitedPath, "{}", nil)
+		if el := time.Since(start); r.status != 401 || c.reached.Load() != before+1 || el > 1500*time.Millisecond || el < authzcheck.DefaultTimeout {
+			t.Fatalf("got %d after %v, want the core's 401 after about %v", r.status, el, authzcheck.DefaultTimeout)
 		}
 		if checker.FailedOpen() != 1 || !strings.Contains(logs.String(), "DeadlineExceeded") {
 			t.Fatalf("FailedOpen %d; logs:\n%s", checker.FailedOpen(), logs.String())

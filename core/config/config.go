@@ -22,6 +22,7 @@ import (
 	"github.com/converger/edge/core/passwords"
 	"github.com/converger/edge/core/store"
 	"github.com/converger/edge/shared/clientip"
+	"github.com/converger/edge/shared/tlsconfig"
 	"github.com/converger/edge/shared/token"
 )
 
@@ -37,6 +38,12 @@ type Config struct {
 	Sealer      *credentials.Sealer // ENCRYPTION_KEY
 	LimiterAddr string              // LIMITER_ADDR
 	AuthzAddr   string              // AUTHZ_ADDR
+	// TLS and OpsTLS are the TLS of CORE_ADDR and CORE_OPS_ADDR (CORE_TLS_*,
+	// CORE_OPS_TLS_*; see shared/tlsconfig); nil: plain text.
+	TLS, OpsTLS *tlsconfig.ServerFiles
+	// AuthzTLS and LimiterTLS are how the clients of AUTHZ_ADDR and LIMITER_ADDR speak
+	// TLS (AUTHZ_TLS_*, LIMITER_TLS_*); nil: plain text.
+	AuthzTLS, LimiterTLS *tlsconfig.ClientFiles
 	// AuthzFailOpen lets requests through unchecked when the AUTHZ_ADDR Check fails,
 	// but on the routes that protect credentials (AUTHZ_FAIL_OPEN, default true).
 	AuthzFailOpen bool
@@ -100,6 +107,19 @@ type Bounds struct {
 	// (DATABASE_ACQUIRE_TIMEOUT): under overload, a request that gets none in time is
 	// answered 503 rather than waiting past its client's patience.
 	DatabaseAcquireTimeout time.Duration
+	// BodyBudgetMB bounds, in MiB, the request bodies held at once, being read or
+	// handled (CORE_BODY_BUDGET_MB); BodyBudgetPerIPMB those of one client address
+	// (CORE_BODY_BUDGET_PER_IP_MB). Beyond either a request is answered 503.
+	BodyBudgetMB, BodyBudgetPerIPMB int
+	// BodyMinRate is the least average rate, in bytes per second, of a body still
+	// arriving 5 s after it began (CORE_BODY_MIN_RATE; 0: none): slower, 408.
+	BodyMinRate int
+	// MaxStreamsPerToken, MaxStreamsPerConversation and MaxSocketsPerIP bound the
+	// long-lived connections of one core: Direct Line streams of one token
+	// (CORE_MAX_STREAMS_PER_TOKEN) and of one conversation
+	// (CORE_MAX_STREAMS_PER_CONVERSATION), and WebSockets (streams and legacy sockets
+	// together) of one client address (CORE_MAX_SOCKETS_PER_IP). Beyond them, 429.
+	MaxStreamsPerToken, MaxStreamsPerConversation, MaxSocketsPerIP int
 }
 
 // DefaultBounds are the bounds without their variables.
@@ -112,6 +132,15 @@ var DefaultBounds = Bounds{
 	IdleTimeout:            2 * time.Minute,
 	DatabaseTimeout:        3 * time.Second,
 	DatabaseAcquireTimeout: 500 * time.Millisecond,
+	// 64 MiB of bodies fit the core's container (512 MiB, deploy/kubernetes) with room
+	// for everything else; one client address may hold a quarter of it, enough for
+	// three of the largest uploads.
+	BodyBudgetMB:              64,
+	BodyBudgetPerIPMB:         16,
+	BodyMinRate:               1024,
+	MaxStreamsPerToken:        10,
+	MaxStreamsPerConversation: 50,
+	MaxSocketsPerIP:           256,
 }
 
 // MinAdminPasswordLength is the fewest characters ADMIN_PASSWORD may have.
@@ -147,17 +176,24 @@ func Load(getenv func(string) string) (*Config, error) {
 			}
 		}
 	}
+	var err error
+	if err := c.loadTLS(getenv); err != nil {
+		return nil, err
+	}
 	switch v := strings.ToLower(orDefault(getenv("AUTHZ_FAIL_OPEN"), "true")); v {
 	case "true", "false":
 		c.AuthzFailOpen = v == "true"
 	default:
 		return nil, fmt.Errorf("AUTHZ_FAIL_OPEN=%q: must be true or false", v)
 	}
-	c.PublicURL = strings.TrimRight(orDefault(getenv("PUBLIC_URL"), "http://"+c.Addr), "/")
+	scheme := "http://"
+	if c.TLS != nil {
+		scheme = "https://"
+	}
+	c.PublicURL = strings.TrimRight(orDefault(getenv("PUBLIC_URL"), scheme+c.Addr), "/")
 	if u, err := url.Parse(c.PublicURL); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
 		return nil, fmt.Errorf("PUBLIC_URL=%q: must be an http(s) URL such as https://api.example.com", c.PublicURL)
 	}
-	var err error
 	if v := strings.TrimSpace(getenv("TOKEN_SIGNING_KEY")); v != "" {
 		if c.Signer, err = token.ParseSigningKey(v); err != nil {
 			return nil, fmt.Errorf("TOKEN_SIGNING_KEY: %w", err)
@@ -224,6 +260,33 @@ func Load(getenv func(string) string) (*Config, error) {
 	return c, nil
 }
 
+// loadTLS reads the TLS of the two ports and of the two clients of the sidecar.
+func (c *Config) loadTLS(getenv func(string) string) error {
+	var err error
+	if c.TLS, err = tlsconfig.LoadServer(getenv, "CORE_TLS"); err != nil {
+		return err
+	}
+	if c.OpsTLS, err = tlsconfig.LoadServer(getenv, "CORE_OPS_TLS"); err != nil {
+		return err
+	}
+	if c.AuthzTLS, err = tlsconfig.LoadClient(getenv, "AUTHZ_TLS"); err != nil {
+		return err
+	}
+	if c.LimiterTLS, err = tlsconfig.LoadClient(getenv, "LIMITER_TLS"); err != nil {
+		return err
+	}
+	for _, v := range []struct {
+		name string
+		f    *tlsconfig.ClientFiles
+		addr string
+	}{{"AUTHZ", c.AuthzTLS, c.AuthzAddr}, {"LIMITER", c.LimiterTLS, c.LimiterAddr}} {
+		if v.f != nil && v.addr == "" {
+			return fmt.Errorf("%s_TLS_CA_FILE is set but %s_ADDR is not", v.name, v.name)
+		}
+	}
+	return nil
+}
+
 // parseCORSOrigins reads CORS_ORIGINS: origins separated by commas or spaces
 // (https://shop.example.com,http://localhost:3000), or "*" alone.
 func parseCORSOrigins(v string) ([]string, error) {
@@ -247,6 +310,12 @@ func (c *Config) loadBounds(getenv func(string) string) error {
 		{"CORE_MAX_CONNS", &c.Bounds.MaxConns, 1},
 		{"CORE_MAX_CONNS_PER_IP", &c.Bounds.MaxConnsPerIP, 0},
 		{"CORE_MAX_IN_FLIGHT", &c.Bounds.MaxInFlight, 1},
+		{"CORE_BODY_BUDGET_MB", &c.Bounds.BodyBudgetMB, 1},
+		{"CORE_BODY_BUDGET_PER_IP_MB", &c.Bounds.BodyBudgetPerIPMB, 1},
+		{"CORE_BODY_MIN_RATE", &c.Bounds.BodyMinRate, 0},
+		{"CORE_MAX_STREAMS_PER_TOKEN", &c.Bounds.MaxStreamsPerToken, 1},
+		{"CORE_MAX_STREAMS_PER_CONVERSATION", &c.Bounds.MaxStreamsPerConversation, 1},
+		{"CORE_MAX_SOCKETS_PER_IP", &c.Bounds.MaxSocketsPerIP, 1},
 	} {
 		if v := strings.TrimSpace(getenv(n.name)); v != "" {
 			i, err := strconv.Atoi(v)

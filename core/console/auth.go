@@ -117,3 +117,21 @@ func plausibleToken(t string) bool {
 	}
 	return true
 }
+
+// Credentialed reports whether a request carries a credential of the console or the
+// login pages that holds (an admin token in Authorization, else a session), without
+// judging what it may do: the core gives larger request bodies only to such requests.
+func (c *Console) Credentialed(ctx *fiber.Ctx) (bool, error) {
+	if h := ctx.Get(fiber.HeaderAuthorization); h != "" {
+		tok, ok := bearer(h)
+		if !ok || !plausibleToken(tok) {
+			return false, nil
+		}
+		_, err := c.Store.AdminByToken(ctx.UserContext(), tok)
+		if errors.Is(err, store.ErrNotFound) {
+			return false, nil
+		}
+		return err == nil, err
+	}
+	return c.Pages.SignedIn(ctx)
+}

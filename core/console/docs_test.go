@@ -11,10 +11,50 @@ import (
 	"github.com/gofiber/fiber/v2"
 
 	"github.com/converger/edge/core/console"
+	"github.com/converger/edge/docs/openapi"
 )
 
 // consoleDoc is the console's reference in the repository.
 const consoleDoc = "../../docs/admin-api.md"
+
+// TestOpenAPIDocumentCoversEveryRoute: every route of the admin API is an operation of
+// docs/openapi/admin-api.yaml, and every operation of it is served.
+func TestOpenAPIDocumentCoversEveryRoute(t *testing.T) {
+	doc, err := openapi.Load(openapi.AdminAPI)
+	if err != nil {
+		t.Fatal(err)
+	}
+	documented := map[string]bool{}
+	for _, op := range openapi.Operations(doc) {
+		documented[op] = true
+	}
+	e := newEnv(t, envOptions{noSidecar: true})
+	cons, err := console.New(console.Options{Store: e.st, Pages: e.pages})
+	if err != nil {
+		t.Fatal(err)
+	}
+	app := fiber.New()
+	cons.Register(app)
+	served := map[string]bool{}
+	for _, r := range app.GetRoutes(true) {
+		if r.Method != "HEAD" && strings.HasPrefix(r.Path, "/admin/api/") {
+			served[r.Method+" "+r.Path] = true
+		}
+	}
+	for r := range served {
+		if !documented[r] {
+			t.Errorf("%s is served but not in docs/openapi/admin-api.yaml", r)
+		}
+	}
+	for r := range documented {
+		if !served[r] {
+			t.Errorf("docs/openapi/admin-api.yaml has %s, which the console does not serve", r)
+		}
+	}
+	if len(served) < 10 {
+		t.Fatalf("only %d API routes found", len(served))
+	}
+}
 
 // TestReferenceCoversEveryRoute: every API route of the console has its section in
 // docs/admin-api.md ("### `METHOD /path`"), every page its row in the pages' table

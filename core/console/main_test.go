@@ -37,6 +37,7 @@ import (
 	"github.com/converger/edge/core/migrations"
 	"github.com/converger/edge/core/passwords"
 	"github.com/converger/edge/core/store"
+	"github.com/converger/edge/docs/openapi"
 	"github.com/converger/edge/shared/clientip"
 	"github.com/converger/edge/shared/limiterclient"
 	"github.com/converger/edge/shared/netlimit"
@@ -45,7 +46,11 @@ import (
 	"github.com/converger/edge/sidecar/service"
 )
 
-func TestMain(m *testing.M) { os.Exit(pgserver.RunTests(m)) }
+// TestMain checks every exchange of the tests with the admin API against its OpenAPI
+// document (docs/openapi).
+func TestMain(m *testing.M) {
+	os.Exit(openapi.CheckDefaultTransport(func() int { return pgserver.RunTests(m) }, openapi.AdminAPI))
+}
 
 // cheap are argon2id parameters that keep the tests fast.
 var cheap = passwords.Params{Memory: 64, Time: 1, Threads: 1}
@@ -166,7 +171,7 @@ func newEnv(t *testing.T, o envOptions) *env {
 	t.Cleanup(func() { checker.Close() })
 	app, _ := api.New(api.Deps{Store: st, Signer: signer, Verifier: verifier, PublicURL: e.base, Limits: activity.DefaultLimits,
 		MaxUploadBytes: 1 << 20, Logger: quietLogger(), Middleware: []fiber.Handler{checker.Handler},
-		Pages: pages.Register, Console: cons.Register, Limiter: lim})
+		Pages: pages.Register, Console: cons.Register, Limiter: lim, Credentialed: cons.Credentialed})
 	// As core serve does: a listener that drains a request it answered early (413).
 	go func() { _ = app.Listener(netlimit.Wrap(ln, netlimit.Options{Logger: quietLogger()})) }()
 	t.Cleanup(func() {

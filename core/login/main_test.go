@@ -187,7 +187,7 @@ func newEnv(t *testing.T, o envOptions) *env {
 	signer, _ := token.ParseSigningKey(key)
 	verifier, _ := token.ParseVerifyKeys(signer.PublicKey())
 	app, _ := api.New(api.Deps{Store: st, Signer: signer, Verifier: verifier, PublicURL: public,
-		Limits: activity.DefaultLimits, MaxUploadBytes: 1 << 20, Logger: quietLogger(), Pages: pages.Register})
+		Limits: activity.DefaultLimits, MaxUploadBytes: 1 << 20, Logger: quietLogger(), Pages: pages.Register, Credentialed: pages.SignedIn})
 	go func() { _ = app.Listener(ln) }()
 	t.Cleanup(func() {
 		_ = app.ShutdownWithTimeout(5 * time.Second)

@@ -106,3 +106,10 @@ func afterSignIn(rl realm, u store.LoginUser) string {
 	}
 	return rl.prefix
 }
+
+// SignedIn reports whether the request carries a valid session of either realm, at any
+// stage: the core gives larger request bodies only to requests with a credential.
+func (p *Pages) SignedIn(c *fiber.Ctx) (bool, error) {
+	s, err := p.session(c)
+	return s != nil, err
+}

@@ -5,6 +5,7 @@ package metrics
 
 import (
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -85,11 +86,14 @@ func (m *Metrics) ObserveRequest(route, method string, status int, d time.Durati
 	m.mu.Lock()
 	c := m.counters[k]
 	if c == nil {
-		c = m.requests.WithLabelValues(route, method, strconv.Itoa(status))
+		// Kept in maps: copies, in case a caller's strings are views of a buffer.
+		k = requestKey{strings.Clone(route), strings.Clone(method), status}
+		c = m.requests.WithLabelValues(k.route, k.method, strconv.Itoa(status))
 		m.counters[k] = c
 	}
 	o := m.observer[route]
 	if o == nil {
+		route = strings.Clone(route)
 		o = m.duration.WithLabelValues(route)
 		m.observer[route] = o
 	}

@@ -19,6 +19,13 @@ const (
 	MaxPercent = 10_000
 )
 
+// LiveFloor is the least live heap the tuner assumes: Go's own minimum heap (4 MiB at
+// GOGC=100, scaled by GOGC). Before the first collection the live heap reads 0; taken
+// as 0, GOGC would be MaxPercent and the first collection would wait for 4 MiB × 101,
+// far beyond the headroom. Taken as LiveFloor, the first collection comes once about
+// headroom bytes are allocated, and the bound holds from the first allocation.
+const LiveFloor = 4 << 20
+
 // Tuner keeps at least a headroom of garbage between collections.
 type Tuner struct {
 	headroom uint64
@@ -29,8 +36,9 @@ type Tuner struct {
 
 // Start paces the collector so that at least headroom bytes may be allocated between
 // two collections: after every collection GOGC becomes headroom / live heap (in
-// percent), at least MinPercent. Memory stays bounded by live heap + max(live heap,
-// headroom); GOMEMLIMIT, when set, still caps it. With GOGC set in the environment the
+// percent), at least MinPercent, the live heap taken as at least LiveFloor. Memory
+// stays bounded by live heap + max(live heap, headroom), before the first collection
+// too; GOMEMLIMIT, when set, still caps it. With GOGC set in the environment the
 // operator's choice stands and Start does nothing (it returns nil).
 func Start(headroom uint64) *Tuner {
 	if _, set := os.LookupEnv("GOGC"); set || headroom == 0 {
@@ -71,18 +79,16 @@ func (t *Tuner) arm() {
 	}, t)
 }
 
-// adjust sets GOGC from the live heap the last collection left.
+// adjust sets GOGC from the live heap the last collection left (LiveFloor at least:
+// before any collection it reads 0). Go's heap goal is then live × (1 + GOGC/100), and
+// at least LiveFloor × GOGC/100 = headroom.
 func (t *Tuner) adjust() {
 	metrics.Read(t.sample)
 	live := uint64(0)
 	if t.sample[0].Value.Kind() == metrics.KindUint64 {
 		live = t.sample[0].Value.Uint64()
 	}
-	p := int64(MaxPercent)
-	if live > 0 {
-		p = int64(min(t.headroom*100/live, MaxPercent))
-	}
-	p = max(p, MinPercent)
+	p := max(int64(min(t.headroom*100/max(live, LiveFloor), MaxPercent)), MinPercent)
 	if p != t.percent.Load() {
 		t.percent.Store(p)
 		debug.SetGCPercent(int(p))

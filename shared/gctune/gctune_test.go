@@ -1,6 +1,7 @@
 package gctune
 
 import (
+	"fmt"
 	"os"
 	"os/exec"
 	"runtime"
@@ -66,5 +67,34 @@ func TestGOGCInTheEnvironmentStands(t *testing.T) {
 	cmd.Env = append(os.Environ(), "GCTUNE_CHILD=1", "GOGC=50")
 	if out, err := cmd.CombinedOutput(); err != nil {
 		t.Fatalf("with GOGC=50 the tuner changed it: %v\n%s", err, out)
+	}
+}
+
+// Before the first collection the live heap reads 0: the tuner takes it as LiveFloor, so
+// that the first collection comes within the headroom (not at 4 MiB × 101).
+func TestFirstCollectionWithinTheHeadroom(t *testing.T) {
+	if os.Getenv("GCTUNE_CHILD") == "floor" {
+		tu := Start(64 << 20)
+		if want := 64 * 100 / 4; tu.Percent() != want {
+			fmt.Fprintf(os.Stderr, "GOGC %d before the first collection, want %d\n", tu.Percent(), want)
+			os.Exit(3)
+		}
+		// 256 MiB allocated in 1 MiB pieces, none kept: with the live heap taken as 0
+		// (GOGC 10,000) no collection would come before about 404 MiB.
+		for range 256 {
+			keep = append(keep[:0], make([]byte, 1<<20))
+		}
+		var ms runtime.MemStats
+		runtime.ReadMemStats(&ms)
+		if ms.NumGC == 0 {
+			fmt.Fprintln(os.Stderr, "no collection after 256 MiB allocated with 64 MiB of headroom")
+			os.Exit(4)
+		}
+		os.Exit(0)
+	}
+	cmd := exec.Command(os.Args[0], "-test.run", "^TestFirstCollectionWithinTheHeadroom$")
+	cmd.Env = append(os.Environ(), "GCTUNE_CHILD=floor")
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("a fresh process: %v\n%s", err, out)
 	}
 }

@@ -6,12 +6,15 @@ package limiterclient
 
 import (
 	"context"
+	"crypto/tls"
 	"time"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/converger/edge/shared/limiterpb"
+	"github.com/converger/edge/shared/tracing"
 )
 
 // Result is the answer of one operation.
@@ -36,15 +39,25 @@ type Client struct {
 	api  limiterpb.LimiterClient
 }
 
-// New returns a client of the sidecar at addr (host:port). The connection is made
-// lazily and kept; the sidecar's gRPC port listens on loopback by default.
+// New returns a client of the sidecar at addr (host:port), in plain text unless opts
+// has WithTLS. The connection is made lazily and kept; the sidecar's gRPC port listens
+// on loopback by default.
 func New(addr string, opts ...grpc.DialOption) (*Client, error) {
-	opts = append([]grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}, opts...)
+	opts = append([]grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithUnaryInterceptor(tracing.UnaryClientInterceptor())}, opts...)
 	conn, err := grpc.NewClient(addr, opts...)
 	if err != nil {
 		return nil, err
 	}
 	return &Client{conn: conn, api: limiterpb.NewLimiterClient(conn)}, nil
+}
+
+// WithTLS is the option of a client that speaks TLS with cfg; nil: plain text.
+func WithTLS(cfg *tls.Config) grpc.DialOption {
+	if cfg == nil {
+		return grpc.WithTransportCredentials(insecure.NewCredentials())
+	}
+	return grpc.WithTransportCredentials(credentials.NewTLS(cfg))
 }
 
 // Close closes the connection.

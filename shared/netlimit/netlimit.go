@@ -158,7 +158,7 @@ func (l *Listener) Stats() Stats {
 // SetActive, from the server's connection-state hook; connections of other listeners
 // are ignored.
 func (l *Listener) SetIdle(c net.Conn) {
-	if lc, ok := c.(*Conn); ok && lc.l == l {
+	if lc, ok := unwrap(c).(*Conn); ok && lc.l == l {
 		lc.idleSince.Store(time.Now().UnixNano())
 	}
 }
@@ -168,7 +168,7 @@ func (l *Listener) SetIdle(c net.Conn) {
 // not closed to make room. A connection that has not sent a byte yet stays idle (some
 // servers, fasthttp among them, call a new connection active before anything arrives).
 func (l *Listener) SetActive(c net.Conn) {
-	if lc, ok := c.(*Conn); ok && lc.l == l && lc.read.Load() {
+	if lc, ok := unwrap(c).(*Conn); ok && lc.l == l && lc.read.Load() {
 		lc.idleSince.Store(0)
 	}
 }
@@ -310,9 +310,18 @@ const (
 // before reading the whole request (a body over its limit) calls it, so that the
 // client reads the answer instead of a reset. Other connections are ignored.
 func LingerOnClose(c net.Conn) {
-	if lc, ok := c.(*Conn); ok {
+	if lc, ok := unwrap(c).(*Conn); ok {
 		lc.linger.Store(true)
 	}
+}
+
+// unwrap returns the connection under a TLS one (tls.NewListener over a Listener), so
+// that servers on a TLS port report the states of the listener's own connections.
+func unwrap(c net.Conn) net.Conn {
+	if t, ok := c.(interface{ NetConn() net.Conn }); ok {
+		return t.NetConn()
+	}
+	return c
 }
 
 // Read reads from the connection; a connection that receives bytes is busy.

@@ -14,10 +14,16 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+	"unicode"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"go.opentelemetry.io/otel/attribute"
+	otelcodes "go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/converger/edge/shared/tracing"
 )
 
 // Options tune a Monitor. Zero values take the defaults.
@@ -257,14 +263,43 @@ func (d *Deadlines) end(ctx context.Context, err error) {
 	}
 }
 
-// TraceQueryStart bounds a query.
-func (d *Deadlines) TraceQueryStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceQueryStartData) context.Context {
+// TraceQueryStart bounds a query, and while tracing is on starts its span when the
+// query is part of a traced request (background work, a cache's refresh or a LISTEN,
+// starts no trace of its own).
+func (d *Deadlines) TraceQueryStart(ctx context.Context, _ *pgx.Conn, data pgx.TraceQueryStartData) context.Context {
+	if tracing.Enabled() && trace.SpanContextFromContext(ctx).IsValid() {
+		// The statement's text only: its arguments are never put in a trace.
+		var span trace.Span
+		ctx, span = tracing.Start(ctx, operation(data.SQL), trace.SpanKindClient,
+			attribute.String("db.system.name", "postgresql"), attribute.String("db.query.text", data.SQL))
+		ctx = context.WithValue(ctx, spanKey{}, span)
+	}
 	return d.start(ctx, d.query, context.DeadlineExceeded)
 }
 
-// TraceQueryEnd releases a query's bound and reports its failure.
+// TraceQueryEnd releases a query's bound and reports its failure, and ends its span.
 func (d *Deadlines) TraceQueryEnd(ctx context.Context, _ *pgx.Conn, data pgx.TraceQueryEndData) {
 	d.end(ctx, data.Err)
+	if span, ok := ctx.Value(spanKey{}).(trace.Span); ok {
+		if data.Err != nil {
+			span.SetStatus(otelcodes.Error, "query failed")
+		}
+		span.End()
+	}
+}
+
+type spanKey struct{}
+
+// operation is a statement's first word, the span's name: SELECT, INSERT, WITH, …
+func operation(sql string) string {
+	sql = strings.TrimSpace(sql)
+	if i := strings.IndexFunc(sql, unicode.IsSpace); i > 0 {
+		sql = sql[:i]
+	}
+	if len(sql) > 16 {
+		sql = sql[:16]
+	}
+	return strings.ToUpper(sql)
 }
 
 // TraceAcquireStart bounds an acquisition.

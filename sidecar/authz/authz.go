@@ -14,12 +14,15 @@ import (
 	authv3 "github.com/envoyproxy/go-control-plane/envoy/service/auth/v3"
 	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
 	"github.com/prometheus/client_golang/prometheus"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/trace"
 	rpcstatus "google.golang.org/genproto/googleapis/rpc/status"
 	"google.golang.org/grpc/codes"
 
 	"github.com/converger/edge/shared/apierror"
 	"github.com/converger/edge/shared/buckets"
 	"github.com/converger/edge/shared/token"
+	"github.com/converger/edge/shared/tracing"
 	"github.com/converger/edge/sidecar/identity"
 	"github.com/converger/edge/sidecar/limiter"
 	"github.com/converger/edge/sidecar/metrics"
@@ -149,7 +152,8 @@ type Request struct {
 	// resolved from it and x-forwarded-for under TRUSTED_PROXIES.
 	Source string
 	// Header returns a request header by lower-case name, "" when absent. It is asked
-	// for no other names than RequestHeaders.
+	// for no other names than RequestHeaders, and while tracing is on for traceparent
+	// and tracestate (a caller that extracts only RequestHeaders answers "").
 	Header func(name string) string
 }
 
@@ -165,6 +169,10 @@ var RequestHeaders = append(identity.Headers[:len(identity.Headers):len(identity
 // latency. A caller that writes the answer itself (sidecar/envoywire) asks it.
 func (s *Server) Verdict(ctx context.Context, r Request) Verdict {
 	start := time.Now()
+	var span trace.Span
+	if tracing.Enabled() {
+		ctx, span = startSpan(ctx, r)
+	}
 	var v Verdict
 	if s.admit(ctx, start) {
 		v = s.decide(r)
@@ -172,9 +180,43 @@ func (s *Server) Verdict(ctx context.Context, r Request) Verdict {
 	} else {
 		s.shed.Inc()
 		v = s.overloaded(r)
+		v.shed = true
 	}
 	s.metrics.ObserveCheck(time.Since(start))
+	if span != nil {
+		endSpan(span, &v)
+	}
 	return v
+}
+
+// startSpan starts a decision's span below the caller's: Envoy's span of its ext_authz
+// call (the call's traceparent), or the traceparent of the request itself (a proxy's
+// forward-auth check copies the client's headers).
+func startSpan(ctx context.Context, r Request) (context.Context, trace.Span) {
+	parent := tracing.FromIncoming(ctx)
+	if !trace.SpanContextFromContext(parent).IsValid() {
+		parent = tracing.Extract(ctx, tracing.Header(r.Header))
+	}
+	return tracing.Start(parent, "converger.check", trace.SpanKindServer, attribute.String("http.request.method", r.Method))
+}
+
+// endSpan records what was decided: the bucket and the decision, never the path (it
+// may hold a secret, as a password reset link does), a header or a counted key.
+func endSpan(span trace.Span, v *Verdict) {
+	decision := "allowed"
+	switch {
+	case v.shed:
+		decision = "shed"
+	case v.RateLimited():
+		decision = "rate_limited"
+	case !v.Allowed():
+		decision = "refused"
+	}
+	span.SetAttributes(attribute.String("converger.decision", decision), attribute.String("converger.bucket", v.Bucket))
+	if !v.Allowed() {
+		span.SetAttributes(attribute.Int("http.response.status_code", v.Denial.Status))
+	}
+	span.End()
 }
 
 // Verdict is a decision: allowed, or denied with what the answer says.
@@ -191,6 +233,11 @@ type Verdict struct {
 	// RequestID is the denial's x-request-id, in its header and its envelope: the
 	// request's own when it is a sensible one, else a new one (apierror.RequestID).
 	RequestID string
+	// Bucket is the bucket that decided: the one that denied, or the last one counted;
+	// "" for a route that is not limited.
+	Bucket string
+
+	shed bool // no turn in time: the overloaded decision
 }
 
 // Allowed reports an allowed request.
@@ -278,6 +325,10 @@ func (s *Server) admit(ctx context.Context, start time.Time) bool {
 	}
 }
 
+// DroppedLate counts a Check refused unread because its deadline was too close
+// (envoywire.LateDropper): it is shed, as one that gets no turn.
+func (s *Server) DroppedLate() { s.shed.Inc() }
+
 // overloaded is the fast decision of a Check that got no turn: requests on routes that
 // are not limited are allowed, as they would be; the others are denied with 503
 // unavailable and retry-after, so that an overloaded sidecar neither lets limited
@@ -325,12 +376,15 @@ func (s *Server) decide(req Request) Verdict {
 		ChannelID: channelID,
 		Buf:       buf[:0],
 	}
+	var bucket string
 	for i := range s.steps[route.Index] {
 		st := &s.steps[route.Index][i]
 		id, rejected := s.ident.Identify(st.Step, &r)
 		if rejected != nil {
 			st.main.metrics.Rejected.Inc()
-			return deny(*rejected, codes.PermissionDenied, r.Header(HeaderRequestID))
+			v := deny(*rejected, codes.PermissionDenied, r.Header(HeaderRequestID))
+			v.Bucket = st.main.name
+			return v
 		}
 		c := &st.main
 		if id.Src == token.SrcPublishable && st.publishable.name != "" {
@@ -346,11 +400,13 @@ func (s *Server) decide(req Request) Verdict {
 			c.metrics.Exceeded.Inc()
 			v := deny(apierror.RateLimited, codes.ResourceExhausted, r.Header(HeaderRequestID))
 			v.RetryAfterMS = res.RetryAfterMS
+			v.Bucket = c.name
 			return v
 		}
 		c.metrics.Allowed.Inc()
+		bucket = c.name
 	}
-	return Verdict{}
+	return Verdict{Bucket: bucket}
 }
 
 // idBuffers are the buffers of decide's counted ids.

@@ -3,6 +3,9 @@ package authz
 import (
 	"context"
 	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
 	"slices"
 	"strings"
 	"testing"
@@ -14,6 +17,7 @@ import (
 	"github.com/converger/edge/shared/buckets"
 	"github.com/converger/edge/shared/clientip"
 	"github.com/converger/edge/shared/token"
+	"github.com/converger/edge/shared/tracing"
 	"github.com/converger/edge/sidecar/identity"
 	"github.com/converger/edge/sidecar/limiter"
 	"github.com/converger/edge/sidecar/metrics"
@@ -86,6 +90,28 @@ func BenchmarkCheck(b *testing.B) {
 		}
 		b.Run(name, func(b *testing.B) { benchmarkCheck(b, on) })
 	}
+}
+
+// BenchmarkCheckTracing is the Check with tracing off, and on with 1 % of the requests
+// sampled (OTEL_TRACES_SAMPLER=parentbased_traceidratio, the sampled spans sent to a
+// collector on loopback that takes them).
+func BenchmarkCheckTracing(b *testing.B) {
+	b.Run("tracing=off", func(b *testing.B) { benchmarkCheck(b, false) })
+	b.Run("tracing=on-1pct", func(b *testing.B) {
+		collector := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			_, _ = io.Copy(io.Discard, r.Body)
+			w.Header().Set("Content-Type", "application/x-protobuf")
+		}))
+		defer collector.Close()
+		b.Setenv("OTEL_TRACES_SAMPLER", "parentbased_traceidratio")
+		b.Setenv("OTEL_TRACES_SAMPLER_ARG", "0.01")
+		stop, err := tracing.Setup(context.Background(), tracing.Config{Endpoint: collector.URL + "/v1/traces", Protocol: "http/protobuf"}, "bench")
+		if err != nil {
+			b.Fatal(err)
+		}
+		defer stop(context.Background())
+		benchmarkCheck(b, false)
+	})
 }
 
 func benchmarkCheck(b *testing.B, recordTraffic bool) {

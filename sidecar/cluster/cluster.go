@@ -72,6 +72,9 @@ const (
 	maxPacket = 1200
 	// maxState bounds a state transfer below memberlist's 20 MB limit.
 	maxState = 16 << 20
+	// firstJoinWait bounds how long Start waits for the first join and its state
+	// transfer before the node serves.
+	firstJoinWait = 3 * time.Second
 )
 
 // Cluster is a running node.
@@ -91,6 +94,7 @@ type Cluster struct {
 	kick         chan struct{} // a check the share-mode bound refused: flush early
 	wg           sync.WaitGroup
 	stopOnce     sync.Once
+	firstJoin    chan struct{} // closed after the first join attempt
 
 	membersMu sync.Mutex
 	members   map[string]memberlist.Node // live members, copied in the events
@@ -130,14 +134,15 @@ func Start(cfg Config, lim *limiter.Limiter) (*Cluster, error) {
 		return nil, err
 	}
 	c := &Cluster{
-		cfg:     cfg,
-		lim:     lim,
-		origin:  cfg.NodeName + "#" + hex.EncodeToString(inc[:]),
-		log:     cfg.Logger.With("node", cfg.NodeName),
-		stop:    make(chan struct{}),
-		kick:    make(chan struct{}, 1),
-		gone:    map[string]struct{}{},
-		members: map[string]memberlist.Node{},
+		cfg:       cfg,
+		lim:       lim,
+		origin:    cfg.NodeName + "#" + hex.EncodeToString(inc[:]),
+		log:       cfg.Logger.With("node", cfg.NodeName),
+		stop:      make(chan struct{}),
+		kick:      make(chan struct{}, 1),
+		firstJoin: make(chan struct{}),
+		gone:      map[string]struct{}{},
+		members:   map[string]memberlist.Node{},
 	}
 	c.rep = newReplicator(lim, c.origin, cfg.ShareMode)
 	if cfg.Traffic != nil {
@@ -163,8 +168,20 @@ func Start(cfg Config, lim *limiter.Limiter) (*Cluster, error) {
 	mc.Delegate = (*delegate)(c)
 	mc.Events = (*events)(c)
 	mc.SecretKey = cfg.SecretKey
+	// Sync messages are compressed once per flush (compress.go), not by memberlist for
+	// every packet and member; its own probes and gossip are small.
+	mc.EnableCompression = false
 	mc.Logger = log.New(&logWriter{log: c.log}, "", 0)
+	tr, err := newCountingTransport(bindHost, bindPort, mc.Logger, c.m)
+	if err != nil {
+		return nil, fmt.Errorf("cluster: %w", err)
+	}
+	if bindPort == 0 {
+		mc.BindPort, mc.AdvertisePort = tr.GetAutoBindPort(), tr.GetAutoBindPort()
+	}
+	mc.Transport = tr
 	if c.ml, err = memberlist.Create(mc); err != nil {
+		_ = tr.Shutdown()
 		return nil, fmt.Errorf("cluster: %w", err)
 	}
 	c.log.Info("cluster node started", "bind", cfg.BindAddr, "origin", c.origin,
@@ -179,20 +196,19 @@ func Start(cfg Config, lim *limiter.Limiter) (*Cluster, error) {
 		c.wg.Go(c.joinStatic)
 	case "dns":
 		c.wg.Go(c.joinDNS)
+	default:
+		close(c.firstJoin)
+	}
+	// A node that serves before its first join would count from zero what the others
+	// have already counted in the current windows: wait for the join's state transfer,
+	// at most firstJoinWait (peers that do not answer, such as the first node of a
+	// cluster, must not keep it from serving).
+	select {
+	case <-c.firstJoin:
+	case <-time.After(firstJoinWait):
+		c.log.Warn("serving before the first join finished", "waited", firstJoinWait)
 	}
 	return c, nil
-}
-
-// Stop leaves the cluster and stops replicating.
-func (c *Cluster) Stop() {
-	c.stopOnce.Do(func() {
-		close(c.stop)
-		c.wg.Wait()
-		if err := c.ml.Leave(time.Second); err != nil {
-			c.log.Debug("leaving the cluster", "error", err)
-		}
-		_ = c.ml.Shutdown()
-	})
 }
 
 // Members returns the number of live members, this node included.
@@ -245,9 +261,11 @@ func (c *Cluster) joinStatic() {
 	peers := c.others(c.cfg.Join)
 	if len(peers) == 0 {
 		c.log.Info("no other peer configured: serving as a cluster of one")
+		close(c.firstJoin)
 		return
 	}
 	delay := 500 * time.Millisecond
+	first := true
 	for {
 		if missing := c.missing(peers); len(missing) > 0 {
 			n, err := c.ml.Join(missing)
@@ -261,6 +279,10 @@ func (c *Cluster) joinStatic() {
 			default:
 				c.log.Debug("configured peers that are not members did not answer", "peers", missing, "error", err)
 			}
+		}
+		if first {
+			close(c.firstJoin)
+			first = false
 		}
 		select {
 		case <-c.stop:
@@ -292,6 +314,7 @@ func (c *Cluster) joinDNS() {
 	_, port, _ := splitHostPort(c.cfg.BindAddr)
 	t := time.NewTicker(c.cfg.DNSInterval)
 	defer t.Stop()
+	first := true
 	for {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		addrs, err := net.DefaultResolver.LookupHost(ctx, c.cfg.DNSName)
@@ -318,6 +341,10 @@ func (c *Cluster) joinDNS() {
 					c.log.Debug("no peer found in DNS answered", "targets", targets, "error", err)
 				}
 			}
+		}
+		if first {
+			close(c.firstJoin)
+			first = false
 		}
 		select {
 		case <-c.stop:
@@ -397,30 +424,33 @@ func (c *Cluster) flush(now int64) {
 	if len(res.values) == 0 {
 		return
 	}
-	// Version 2 to the members that announce it, version 1 to the others.
+	// The newest version each member announces, encoded once per flush for all of them:
+	// 3 (compressed), 2 (with share mode's fields), else 1.
 	msgs := map[byte][][]byte{}
 	for _, n := range c.peers() {
 		ver := version1
-		if len(n.Meta) > 0 && n.Meta[0] >= version2 {
-			ver = version2
+		if len(n.Meta) > 0 {
+			ver = min(max(n.Meta[0], version1), version)
 		}
 		if msgs[ver] == nil {
-			p := newPacker(now, c.origin, maxPacket)
-			if ver == version2 {
-				p = newPacker2(now, c.origin, maxPacket)
+			if ver == version3 {
+				msgs[ver] = pack3(now, c.origin, res.values)
+			} else {
+				p := newPacker(now, c.origin, maxPacket)
+				if ver == version2 {
+					p = newPacker2(now, c.origin, maxPacket)
+				}
+				for _, v := range res.values {
+					p.add(v)
+				}
+				msgs[ver] = p.messages()
 			}
-			for _, v := range res.values {
-				p.add(v)
-			}
-			msgs[ver] = p.messages()
 		}
 		for _, msg := range msgs[ver] {
 			if err := c.ml.SendBestEffort(&n, msg); err != nil {
 				c.m.sendErrors.Inc()
 				continue
 			}
-			c.m.messages.WithLabelValues("sent").Inc()
-			c.m.bytes.WithLabelValues("sent").Add(float64(len(msg)))
 		}
 	}
 }
@@ -533,8 +563,6 @@ func (d *delegate) NotifyMsg(b []byte) {
 		c.m.malformed.Inc()
 		return
 	}
-	c.m.messages.WithLabelValues("received").Inc()
-	c.m.bytes.WithLabelValues("received").Add(float64(len(b)))
 	c.m.mergeLag.Observe(float64(max(c.nowMS()-m.sentAt, 0)) / 1000)
 	if m.origin != c.origin {
 		c.heard(m.origin, m.sentAt, c.nowMS())

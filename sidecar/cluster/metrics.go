@@ -23,6 +23,8 @@ type metrics struct {
 	boundRefusals prometheus.Counter
 	replans       prometheus.Counter
 	earlyFlushes  prometheus.Counter
+	// The directions of messages and bytes, resolved once: every packet counts them.
+	msgSent, msgRecv, bytesSent, bytesRecv prometheus.Counter
 }
 
 func newMetrics(reg prometheus.Registerer, newestAge func() float64) *metrics {
@@ -30,9 +32,9 @@ func newMetrics(reg prometheus.Registerer, newestAge func() float64) *metrics {
 		members: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "converger_cluster_members", Help: "Live members of the cluster, this node included."}),
 		messages: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "converger_cluster_sync_messages_total", Help: "Sync messages by direction (sent, received)."}, []string{"direction"}),
+			Name: "converger_cluster_sync_messages_total", Help: "Cluster messages by direction (sent, received): every UDP packet (sync, live view, memberlist's probes and gossip) and every TCP stream (state transfers)."}, []string{"direction"}),
 		bytes: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "converger_cluster_sync_bytes_total", Help: "Bytes of sync messages by direction (sent, received)."}, []string{"direction"}),
+			Name: "converger_cluster_sync_bytes_total", Help: "Bytes of all cluster traffic by direction (sent, received), as they go on the network: UDP packets and TCP streams."}, []string{"direction"}),
 		sendErrors: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "converger_cluster_send_errors_total", Help: "Sync messages that could not be sent."}),
 		malformed: prometheus.NewCounter(prometheus.CounterOpts{
@@ -63,6 +65,8 @@ func newMetrics(reg prometheus.Registerer, newestAge func() float64) *metrics {
 			Name: "converger_cluster_share_mode_early_flushes_total",
 			Help: "Syncs sent out of turn to tell the others of a check the bound refused (at most one per interval)."}),
 	}
+	m.msgSent, m.msgRecv = m.messages.WithLabelValues("sent"), m.messages.WithLabelValues("received")
+	m.bytesSent, m.bytesRecv = m.bytes.WithLabelValues("sent"), m.bytes.WithLabelValues("received")
 	reg.MustRegister(m.members, m.messages, m.bytes, m.sendErrors, m.malformed, m.keysPerFlush, m.mergeLag,
 		m.stale, m.transfers, m.transferBytes, m.transferCut, m.capped, m.boundRefusals, m.replans, m.earlyFlushes,
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{

@@ -24,12 +24,15 @@ import (
 // needs of it (share.go): the hits its bound refused, the bound, and the limit. A node
 // sends version 2 only to members that announce it (their memberlist metadata), and state
 // transfers in version 1, so that nodes of the previous release keep merging counts
-// during a rolling upgrade.
+// during a rolling upgrade. Version 3 (compress.go) is version 2 compressed, sent to the
+// members that announce 3.
 const (
 	version1 byte = 1
 	version2 byte = 2
+	// version3 is version 2 compressed (compress.go).
+	version3 byte = 3
 	// version is the newest version this node speaks, announced in its metadata.
-	version = version2
+	version = version3
 )
 
 // Bounds of what a message may hold: a malformed or hostile message is rejected whole.
@@ -72,6 +75,7 @@ type packer struct {
 	body    []byte // values of the message being filled
 	n       int
 	tmp     []byte
+	counts  []int // values in each message out
 }
 
 // newPacker returns a packer of version 1 messages; newPacker2 of version 2.
@@ -118,6 +122,7 @@ func (p *packer) close() {
 		return
 	}
 	p.out = append(p.out, append(p.header(p.n), p.body...))
+	p.counts = append(p.counts, p.n)
 	p.body, p.n = nil, 0
 }
 
@@ -164,6 +169,15 @@ func decodeState(b []byte) ([]message, error) {
 // decode parses a message; the strings it returns are copies.
 func decode(b []byte) (message, error) {
 	var m message
+	if len(b) > 0 && b[0] == version3 {
+		inner, err := inflate3(b[1:])
+		if err != nil {
+			return m, err
+		}
+		m, err = decode(inner)
+		m.version = version3
+		return m, err
+	}
 	if len(b) < 1 || (b[0] != version1 && b[0] != version2) {
 		return m, errMalformed
 	}

@@ -21,6 +21,7 @@ import (
 
 	"github.com/converger/edge/shared/buckets"
 	"github.com/converger/edge/shared/clientip"
+	"github.com/converger/edge/shared/tlsconfig"
 	"github.com/converger/edge/shared/token"
 	"github.com/converger/edge/sidecar/rls"
 	"github.com/converger/edge/sidecar/routes"
@@ -28,11 +29,14 @@ import (
 
 // Config is the sidecar's configuration.
 type Config struct {
-	GRPCAddr     string // SIDECAR_GRPC_ADDR
-	HTTPAddr     string // SIDECAR_HTTP_ADDR
-	DatabaseURL  string // DATABASE_URL; "" runs without a database
-	Backend      string // RATE_LIMIT_BACKEND: "local" or "cluster"
-	SyncInterval time.Duration
+	GRPCAddr string // SIDECAR_GRPC_ADDR
+	HTTPAddr string // SIDECAR_HTTP_ADDR
+	// GRPCTLS and HTTPTLS are the ports' TLS (SIDECAR_GRPC_TLS_*, SIDECAR_HTTP_TLS_*, see
+	// shared/tlsconfig); nil: plain text.
+	GRPCTLS, HTTPTLS *tlsconfig.ServerFiles
+	DatabaseURL      string // DATABASE_URL; "" runs without a database
+	Backend          string // RATE_LIMIT_BACKEND: "local" or "cluster"
+	SyncInterval     time.Duration
 	// ShareMode (RATE_LIMIT_SHARE_MODE) divides each counter's limit among the nodes
 	// of a cluster that count it.
 	ShareMode bool
@@ -71,8 +75,45 @@ type Config struct {
 	// The rate limit service (RLS_*).
 	RLSDir             string     // RLS_CONFIG_DIR; "" serves no rules
 	RLSRules           *rls.Rules // read from RLSDir; nil without it
-	RLSShadowMode      bool       // RLS_SHADOW_MODE
-	RLSResponseHeaders bool       // RLS_RESPONSE_HEADERS
+	RLSShadowMode      bool       // RLS_SHADOW_MODE (the reference's SHADOW_MODE)
+	RLSResponseHeaders bool       // RLS_RESPONSE_HEADERS (LIMIT_RESPONSE_HEADERS_ENABLED)
+	// RLSMergeDomains (RLS_MERGE_DOMAIN_CONFIG, MERGE_DOMAIN_CONFIG) merges the files of
+	// one domain.
+	RLSMergeDomains bool
+	// RLSQuotaMode (RLS_QUOTA_MODE, QUOTA_MODE) puts every descriptor in quota mode.
+	RLSQuotaMode bool
+	// RLSHeaderNames name the response headers (RLS_LIMIT_HEADER, RLS_REMAINING_HEADER,
+	// RLS_RESET_HEADER; the reference's LIMIT_LIMIT_HEADER, LIMIT_REMAINING_HEADER,
+	// LIMIT_RESET_HEADER).
+	RLSHeaderNames rls.HeaderNames
+	// RLSDynamicMetadata (RLS_RESPONSE_DYNAMIC_METADATA, RESPONSE_DYNAMIC_METADATA)
+	// returns the reference's dynamic metadata with every answer.
+	RLSDynamicMetadata bool
+	// RLSConfigType (RLS_CONFIG_TYPE, CONFIG_TYPE) is where the rules come from: FILE
+	// (RLS_CONFIG_DIR) or GRPC_XDS_SOTW (an xDS server, RLSXDS).
+	RLSConfigType string
+	RLSXDS        XDS
+
+	// GRPCMaxConnectionAge and its grace (SIDECAR_GRPC_MAX_CONNECTION_AGE,
+	// SIDECAR_GRPC_MAX_CONNECTION_AGE_GRACE; the reference's GRPC_MAX_CONNECTION_AGE and
+	// GRPC_MAX_CONNECTION_AGE_GRACE): a gRPC connection is asked to go away (GOAWAY) after
+	// the age, give or take 10 %, and closed after the grace, so that the clients of a
+	// shared deployment spread over new replicas.
+	GRPCMaxConnectionAge, GRPCMaxConnectionAgeGrace time.Duration
+}
+
+// XDS is the rate limit service's xDS client (RLS_XDS_*, the reference's
+// CONFIG_GRPC_XDS_*), used with RLS_CONFIG_TYPE=GRPC_XDS_SOTW.
+type XDS struct {
+	ServerURL string            // RLS_XDS_SERVER_URL (CONFIG_GRPC_XDS_SERVER_URL): host:port
+	NodeID    string            // RLS_XDS_NODE_ID (CONFIG_GRPC_XDS_NODE_ID), "default"
+	Metadata  map[string]string // RLS_XDS_NODE_METADATA (CONFIG_GRPC_XDS_NODE_METADATA): k=v,k=v
+	Headers   map[string]string // RLS_XDS_CLIENT_ADDITIONAL_HEADERS (CONFIG_GRPC_XDS_CLIENT_ADDITIONAL_HEADERS): k:v,k:v
+	// BackoffInitial and BackoffMax bound the wait before connecting again
+	// (RLS_XDS_BACKOFF_INITIAL_INTERVAL, XDS_CLIENT_BACKOFF_INITIAL_INTERVAL; 1 s;
+	// RLS_XDS_BACKOFF_MAX_INTERVAL, XDS_CLIENT_BACKOFF_MAX_INTERVAL; 60 s): it doubles
+	// from the first to the second, each wait drawn between half and all of it.
+	BackoffInitial, BackoffMax time.Duration
 }
 
 // Cluster is the membership configuration (CLUSTER_*), used by the cluster backend.
@@ -120,6 +161,13 @@ func Load(getenv func(string) string) (*Config, error) {
 			return nil, fmt.Errorf("%s=%q: %w", v.name, v.val, err)
 		}
 	}
+	var err error
+	if c.GRPCTLS, err = tlsconfig.LoadServer(referenceTLS(getenv), "SIDECAR_GRPC_TLS"); err != nil {
+		return nil, err
+	}
+	if c.HTTPTLS, err = tlsconfig.LoadServer(getenv, "SIDECAR_HTTP_TLS"); err != nil {
+		return nil, err
+	}
 	if c.DatabaseURL != "" {
 		// The parser's own message may quote the URL, password included, so it is not
 		// repeated here.
@@ -140,7 +188,6 @@ func Load(getenv func(string) string) (*Config, error) {
 		c.SyncInterval = ms
 	}
 
-	var err error
 	if c.TrustedProxies, err = clientip.Load(getenv); err != nil {
 		return nil, err
 	}
@@ -180,19 +227,208 @@ func Load(getenv func(string) string) (*Config, error) {
 		return nil, fmt.Errorf("LOG_FORMAT=%q: must be json or text", v)
 	}
 
-	if c.RLSShadowMode, err = boolVar(getenv, "RLS_SHADOW_MODE", false); err != nil {
-		return nil, err
-	}
-	if c.RLSResponseHeaders, err = boolVar(getenv, "RLS_RESPONSE_HEADERS", false); err != nil {
+	if err := c.loadRLSOptions(getenv); err != nil {
 		return nil, err
 	}
 	if err := c.loadRoutes(getenv("RATE_LIMIT_CONFIG")); err != nil {
 		return nil, err
 	}
-	if err := c.loadRLS(getenv("RLS_CONFIG_DIR")); err != nil {
-		return nil, err
+	if c.RLSConfigType == ConfigTypeFile {
+		if err := c.loadRLS(getenv("RLS_CONFIG_DIR")); err != nil {
+			return nil, err
+		}
 	}
 	return c, nil
+}
+
+// The sources of the rate limit service's rules (RLS_CONFIG_TYPE).
+const (
+	ConfigTypeFile = "FILE"
+	ConfigTypeXDS  = "GRPC_XDS_SOTW"
+)
+
+// aliased reads a variable by this project's name or by the reference's, its alias; both
+// set to different values is an error. name is the one that was set, for messages.
+func aliased(getenv func(string) string, ours, theirs string) (value, name string, err error) {
+	a, b := strings.TrimSpace(getenv(ours)), strings.TrimSpace(getenv(theirs))
+	switch {
+	case a != "" && b != "" && a != b:
+		return "", ours, fmt.Errorf("%s=%q and %s=%q (its name in envoyproxy/ratelimit) disagree: set one", ours, a, theirs, b)
+	case a == "" && b != "":
+		return b, theirs, nil
+	}
+	return a, ours, nil
+}
+
+func aliasedBool(getenv func(string) string, ours, theirs string, def bool) (bool, error) {
+	v, name, err := aliased(getenv, ours, theirs)
+	if err != nil {
+		return false, err
+	}
+	return boolVar(func(string) string { return v }, name, def)
+}
+
+func aliasedDuration(getenv func(string) string, ours, theirs string, def, lo, hi time.Duration) (time.Duration, error) {
+	v, name, err := aliased(getenv, ours, theirs)
+	if err != nil || v == "" {
+		return def, err
+	}
+	d, err := time.ParseDuration(v)
+	if err != nil || d < lo || d > hi {
+		return 0, fmt.Errorf("%s=%q: must be a duration such as 30s, 10m or 24h, from %v to %v", name, v, lo, hi)
+	}
+	return d, nil
+}
+
+// loadRLSOptions reads the rate limit service's settings but its rule directory.
+func (c *Config) loadRLSOptions(getenv func(string) string) error {
+	var err error
+	for _, b := range []struct {
+		dst          *bool
+		ours, theirs string
+	}{
+		{&c.RLSShadowMode, "RLS_SHADOW_MODE", "SHADOW_MODE"},
+		{&c.RLSResponseHeaders, "RLS_RESPONSE_HEADERS", "LIMIT_RESPONSE_HEADERS_ENABLED"},
+		{&c.RLSMergeDomains, "RLS_MERGE_DOMAIN_CONFIG", "MERGE_DOMAIN_CONFIG"},
+		{&c.RLSQuotaMode, "RLS_QUOTA_MODE", "QUOTA_MODE"},
+		{&c.RLSDynamicMetadata, "RLS_RESPONSE_DYNAMIC_METADATA", "RESPONSE_DYNAMIC_METADATA"},
+	} {
+		if *b.dst, err = aliasedBool(getenv, b.ours, b.theirs, false); err != nil {
+			return err
+		}
+	}
+	for i, h := range []struct{ ours, theirs string }{
+		{"RLS_LIMIT_HEADER", "LIMIT_LIMIT_HEADER"}, {"RLS_REMAINING_HEADER", "LIMIT_REMAINING_HEADER"}, {"RLS_RESET_HEADER", "LIMIT_RESET_HEADER"},
+	} {
+		v, name, err := aliased(getenv, h.ours, h.theirs)
+		if err != nil {
+			return err
+		}
+		if v == "" {
+			v = rls.DefaultHeaderNames[i]
+		}
+		if !headerName(v) {
+			return fmt.Errorf("%s=%q: must be an HTTP header name (letters, digits and !#$%%&'*+-.^_`|~, at most 128), not a pseudo-header", name, v)
+		}
+		c.RLSHeaderNames[i] = v
+	}
+	if c.GRPCMaxConnectionAge, err = aliasedDuration(getenv, "SIDECAR_GRPC_MAX_CONNECTION_AGE", "GRPC_MAX_CONNECTION_AGE", 24*time.Hour, time.Second, 10*365*24*time.Hour); err != nil {
+		return err
+	}
+	if c.GRPCMaxConnectionAgeGrace, err = aliasedDuration(getenv, "SIDECAR_GRPC_MAX_CONNECTION_AGE_GRACE", "GRPC_MAX_CONNECTION_AGE_GRACE", time.Hour, 0, 10*365*24*time.Hour); err != nil {
+		return err
+	}
+
+	v, name, err := aliased(getenv, "RLS_CONFIG_TYPE", "CONFIG_TYPE")
+	if err != nil {
+		return err
+	}
+	switch c.RLSConfigType = strings.ToUpper(orDefault(v, ConfigTypeFile)); c.RLSConfigType {
+	case ConfigTypeFile:
+		return nil
+	case ConfigTypeXDS:
+	default:
+		return fmt.Errorf("%s=%q: must be FILE (RLS_CONFIG_DIR) or GRPC_XDS_SOTW (an xDS server)", name, v)
+	}
+	if strings.TrimSpace(getenv("RLS_CONFIG_DIR")) != "" {
+		return errors.New("RLS_CONFIG_DIR and RLS_CONFIG_TYPE=GRPC_XDS_SOTW: the rules come from one or the other, unset one")
+	}
+	x := &c.RLSXDS
+	if x.ServerURL, name, err = aliased(getenv, "RLS_XDS_SERVER_URL", "CONFIG_GRPC_XDS_SERVER_URL"); err != nil {
+		return err
+	}
+	if x.ServerURL == "" {
+		x.ServerURL, name = "localhost:18000", "RLS_XDS_SERVER_URL" // the reference's default
+	}
+	if err := checkAddr(x.ServerURL); err != nil {
+		return fmt.Errorf("%s=%q: %w", name, x.ServerURL, err)
+	}
+	if x.NodeID, _, err = aliased(getenv, "RLS_XDS_NODE_ID", "CONFIG_GRPC_XDS_NODE_ID"); err != nil {
+		return err
+	}
+	x.NodeID = orDefault(x.NodeID, "default")
+	for _, p := range []struct {
+		dst          *map[string]string
+		ours, theirs string
+		sep          string
+	}{
+		{&x.Metadata, "RLS_XDS_NODE_METADATA", "CONFIG_GRPC_XDS_NODE_METADATA", "="},
+		{&x.Headers, "RLS_XDS_CLIENT_ADDITIONAL_HEADERS", "CONFIG_GRPC_XDS_CLIENT_ADDITIONAL_HEADERS", ":"},
+	} {
+		v, name, err := aliased(getenv, p.ours, p.theirs)
+		if err != nil {
+			return err
+		}
+		if *p.dst, err = pairs(v, p.sep); err != nil {
+			return fmt.Errorf("%s: %w", name, err)
+		}
+	}
+	for k := range x.Headers {
+		if !headerName(k) || k != strings.ToLower(k) {
+			return fmt.Errorf("RLS_XDS_CLIENT_ADDITIONAL_HEADERS: %q must be a lower-case header name", k)
+		}
+	}
+	if x.BackoffInitial, err = aliasedDuration(getenv, "RLS_XDS_BACKOFF_INITIAL_INTERVAL", "XDS_CLIENT_BACKOFF_INITIAL_INTERVAL", time.Second, time.Millisecond, time.Hour); err != nil {
+		return err
+	}
+	if x.BackoffMax, err = aliasedDuration(getenv, "RLS_XDS_BACKOFF_MAX_INTERVAL", "XDS_CLIENT_BACKOFF_MAX_INTERVAL", time.Minute, time.Millisecond, time.Hour); err != nil {
+		return err
+	}
+	x.BackoffMax = max(x.BackoffMax, x.BackoffInitial)
+	return nil
+}
+
+// pairs reads "k<sep>v,k<sep>v"; "" is none.
+func pairs(v, sep string) (map[string]string, error) {
+	if v == "" {
+		return nil, nil
+	}
+	out := map[string]string{}
+	for _, p := range strings.Split(v, ",") {
+		k, val, ok := strings.Cut(strings.TrimSpace(p), sep)
+		if !ok || strings.TrimSpace(k) == "" {
+			return nil, fmt.Errorf("%q: write key%svalue pairs separated by commas", p, sep)
+		}
+		out[strings.TrimSpace(k)] = strings.TrimSpace(val)
+	}
+	return out, nil
+}
+
+// headerName reports an HTTP header name (an RFC 9110 token) of at most 128 bytes.
+func headerName(s string) bool {
+	if s == "" || len(s) > 128 {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || strings.IndexByte("!#$%&'*+-.^_`|~", c) >= 0) {
+			return false
+		}
+	}
+	return true
+}
+
+// referenceTLS reads the gRPC port's TLS variables with envoyproxy/ratelimit's names as
+// aliases: with GRPC_SERVER_USE_TLS=true, GRPC_SERVER_TLS_CERT and _KEY are the
+// certificate and key, GRPC_CLIENT_TLS_CACERT the CA that client certificates must be
+// signed by (then required), GRPC_CLIENT_TLS_SAN the client identity allowed. Our own
+// names win when both are set.
+func referenceTLS(getenv func(string) string) func(string) string {
+	alias := map[string]string{
+		"SIDECAR_GRPC_TLS_CERT_FILE":       "GRPC_SERVER_TLS_CERT",
+		"SIDECAR_GRPC_TLS_KEY_FILE":        "GRPC_SERVER_TLS_KEY",
+		"SIDECAR_GRPC_TLS_CLIENT_CA_FILE":  "GRPC_CLIENT_TLS_CACERT",
+		"SIDECAR_GRPC_TLS_ALLOWED_CLIENTS": "GRPC_CLIENT_TLS_SAN",
+	}
+	return func(name string) string {
+		if v := getenv(name); strings.TrimSpace(v) != "" {
+			return v
+		}
+		if ref, ok := alias[name]; ok && strings.EqualFold(strings.TrimSpace(getenv("GRPC_SERVER_USE_TLS")), "true") {
+			return getenv(ref)
+		}
+		return ""
+	}
 }
 
 // loadRoutes reads RATE_LIMIT_CONFIG (path, "" for none) and sets the routes.
@@ -221,7 +457,7 @@ func (c *Config) loadRLS(dir string) error {
 		return nil
 	}
 	var err error
-	if c.RLSRules, err = rls.LoadDir(c.RLSDir); err != nil {
+	if c.RLSRules, err = rls.Load(c.RLSDir, rls.LoadOptions{MergeDomains: c.RLSMergeDomains}); err != nil {
 		// One problem a line, each naming its file, line and key.
 		return fmt.Errorf("RLS_CONFIG_DIR %s:\n  %s", c.RLSDir, strings.ReplaceAll(err.Error(), "\n", "\n  "))
 	}
@@ -243,6 +479,9 @@ func CheckFiles(getenv func(string) string) (summary []string, err error) {
 		summary = append(summary, "RATE_LIMIT_CONFIG: unset (the built-in limits and routes)")
 	}
 	if dir := getenv("RLS_CONFIG_DIR"); strings.TrimSpace(dir) != "" {
+		if c.RLSMergeDomains, err = aliasedBool(getenv, "RLS_MERGE_DOMAIN_CONFIG", "MERGE_DOMAIN_CONFIG", false); err != nil {
+			errs = append(errs, err)
+		}
 		if err := c.loadRLS(dir); err != nil {
 			errs = append(errs, err)
 		} else {
@@ -250,6 +489,8 @@ func CheckFiles(getenv func(string) string) (summary []string, err error) {
 			summary = append(summary, fmt.Sprintf("RLS_CONFIG_DIR %s: valid, %d files, domains %s, %d descriptors, %d limits",
 				c.RLSDir, len(c.RLSRules.Files()), strings.Join(c.RLSRules.Domains(), ", "), descs, limits))
 		}
+	} else if v, _, _ := aliased(getenv, "RLS_CONFIG_TYPE", "CONFIG_TYPE"); strings.EqualFold(v, ConfigTypeXDS) {
+		summary = append(summary, "RLS_CONFIG_TYPE=GRPC_XDS_SOTW: the rate limit service's rules come from an xDS server, checked as they arrive")
 	} else {
 		summary = append(summary, "RLS_CONFIG_DIR: unset (no rate limit service rules: every ShouldRateLimit is OK)")
 	}

@@ -15,7 +15,11 @@ import (
 
 	"github.com/converger/edge/shared/buckets"
 	"github.com/converger/edge/sidecar/config"
+	"github.com/converger/edge/sidecar/rls"
 	"github.com/converger/edge/sidecar/routes"
+
+	"github.com/converger/edge/shared/testpki"
+	"github.com/converger/edge/shared/tlsconfig"
 )
 
 // load runs config.Load over env alone.
@@ -420,5 +424,93 @@ func TestRLSConfig(t *testing.T) {
 	summary, err := config.CheckFiles(func(k string) string { return map[string]string{"RLS_CONFIG_DIR": dir}[k] })
 	if err == nil || len(summary) != 1 || !strings.Contains(summary[0], "RATE_LIMIT_CONFIG: unset") {
 		t.Fatalf("CheckFiles: %v %v", summary, err)
+	}
+}
+
+// The rate limit service's options, each under this project's name and the reference's.
+func TestRLSOptionsAndAliases(t *testing.T) {
+	c, err := load(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.RLSConfigType != config.ConfigTypeFile || c.RLSHeaderNames != rls.DefaultHeaderNames || c.GRPCMaxConnectionAge != 24*time.Hour || c.GRPCMaxConnectionAgeGrace != time.Hour || c.RLSQuotaMode || c.RLSMergeDomains || c.RLSDynamicMetadata {
+		t.Errorf("defaults: %+v", c)
+	}
+	for _, names := range [][2]map[string]string{
+		{{"RLS_QUOTA_MODE": "true", "RLS_MERGE_DOMAIN_CONFIG": "true", "RLS_RESPONSE_DYNAMIC_METADATA": "true", "RLS_SHADOW_MODE": "true", "RLS_RESPONSE_HEADERS": "true",
+			"RLS_LIMIT_HEADER": "X-L", "RLS_REMAINING_HEADER": "X-R", "RLS_RESET_HEADER": "X-S",
+			"SIDECAR_GRPC_MAX_CONNECTION_AGE": "10m", "SIDECAR_GRPC_MAX_CONNECTION_AGE_GRACE": "30s",
+			"RLS_CONFIG_TYPE": "GRPC_XDS_SOTW", "RLS_XDS_SERVER_URL": "127.0.0.1:18000", "RLS_XDS_NODE_ID": "n1", "RLS_XDS_NODE_METADATA": "zone=a,team=b",
+			"RLS_XDS_CLIENT_ADDITIONAL_HEADERS": "x-token:t", "RLS_XDS_BACKOFF_INITIAL_INTERVAL": "100ms", "RLS_XDS_BACKOFF_MAX_INTERVAL": "2s"}},
+		{{"QUOTA_MODE": "true", "MERGE_DOMAIN_CONFIG": "true", "RESPONSE_DYNAMIC_METADATA": "true", "SHADOW_MODE": "true", "LIMIT_RESPONSE_HEADERS_ENABLED": "true",
+			"LIMIT_LIMIT_HEADER": "X-L", "LIMIT_REMAINING_HEADER": "X-R", "LIMIT_RESET_HEADER": "X-S",
+			"GRPC_MAX_CONNECTION_AGE": "10m", "GRPC_MAX_CONNECTION_AGE_GRACE": "30s",
+			"CONFIG_TYPE": "GRPC_XDS_SOTW", "CONFIG_GRPC_XDS_SERVER_URL": "127.0.0.1:18000", "CONFIG_GRPC_XDS_NODE_ID": "n1", "CONFIG_GRPC_XDS_NODE_METADATA": "zone=a,team=b",
+			"CONFIG_GRPC_XDS_CLIENT_ADDITIONAL_HEADERS": "x-token:t", "XDS_CLIENT_BACKOFF_INITIAL_INTERVAL": "100ms", "XDS_CLIENT_BACKOFF_MAX_INTERVAL": "2s"}},
+	} {
+		c, err := load(names[0])
+		if err != nil {
+			t.Fatal(err)
+		}
+		x := c.RLSXDS
+		if !c.RLSQuotaMode || !c.RLSMergeDomains || !c.RLSDynamicMetadata || !c.RLSShadowMode || !c.RLSResponseHeaders ||
+			c.RLSHeaderNames != (rls.HeaderNames{"X-L", "X-R", "X-S"}) || c.GRPCMaxConnectionAge != 10*time.Minute || c.GRPCMaxConnectionAgeGrace != 30*time.Second ||
+			c.RLSConfigType != config.ConfigTypeXDS || x.ServerURL != "127.0.0.1:18000" || x.NodeID != "n1" || x.Metadata["zone"] != "a" || x.Metadata["team"] != "b" ||
+			x.Headers["x-token"] != "t" || x.BackoffInitial != 100*time.Millisecond || x.BackoffMax != 2*time.Second {
+			t.Errorf("%v: %+v", names[0], c)
+		}
+	}
+	for env, want := range map[string]map[string]string{
+		"disagree":                   {"RLS_QUOTA_MODE": "true", "QUOTA_MODE": "false"},
+		"must be FILE":               {"CONFIG_TYPE": "REDIS"},
+		"from one or the other":      {"RLS_CONFIG_TYPE": "GRPC_XDS_SOTW", "RLS_CONFIG_DIR": "/tmp"},
+		"must be an HTTP header":     {"LIMIT_LIMIT_HEADER": "bad header"},
+		"must be a duration":         {"GRPC_MAX_CONNECTION_AGE": "forever"},
+		"CONFIG_GRPC_XDS_SERVER_URL": {"CONFIG_TYPE": "GRPC_XDS_SOTW", "CONFIG_GRPC_XDS_SERVER_URL": "nowhere"},
+		"key=value pairs":            {"CONFIG_TYPE": "GRPC_XDS_SOTW", "CONFIG_GRPC_XDS_NODE_METADATA": "zone"},
+	} {
+		if _, err := load(want); err == nil || !strings.Contains(err.Error(), env) {
+			t.Errorf("%v: %v, want %q", want, err, env)
+		}
+	}
+}
+
+// The ports' TLS: our variables, envoyproxy/ratelimit's as aliases of the gRPC port's, and
+// a problem named by its variable.
+func TestTLSVariables(t *testing.T) {
+	dir := t.TempDir()
+	ca, err := testpki.NewCA("config test CA")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := ca.Issue(testpki.Localhost("sidecar"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := ca.Write(p, dir, "sidecar"); err != nil {
+		t.Fatal(err)
+	}
+	load := func(env map[string]string) (*config.Config, error) {
+		return config.Load(func(k string) string { return env[k] })
+	}
+
+	c, err := load(map[string]string{"SIDECAR_HTTP_TLS_CERT_FILE": p.CertFile, "SIDECAR_HTTP_TLS_KEY_FILE": p.KeyFile})
+	if err != nil || c.HTTPTLS == nil || c.HTTPTLS.ClientAuth != tlsconfig.NoClientCert || c.GRPCTLS != nil {
+		t.Fatalf("HTTP port on TLS: %+v %v", c, err)
+	}
+	ref := map[string]string{"GRPC_SERVER_USE_TLS": "true", "GRPC_SERVER_TLS_CERT": p.CertFile, "GRPC_SERVER_TLS_KEY": p.KeyFile,
+		"GRPC_CLIENT_TLS_CACERT": p.CAFile, "GRPC_CLIENT_TLS_SAN": "envoy.edge.svc"}
+	c, err = load(ref)
+	if err != nil || c.GRPCTLS == nil || c.GRPCTLS.ClientAuth != tlsconfig.RequireClientCert ||
+		len(c.GRPCTLS.AllowedClients) != 1 || c.GRPCTLS.AllowedClients[0] != "envoy.edge.svc" {
+		t.Fatalf("the reference's variables: %+v %v", c.GRPCTLS, err)
+	}
+	ref["GRPC_SERVER_USE_TLS"] = "false"
+	if c, err = load(ref); err != nil || c.GRPCTLS != nil {
+		t.Fatalf("GRPC_SERVER_USE_TLS=false: %+v %v", c.GRPCTLS, err)
+	}
+	_, err = load(map[string]string{"SIDECAR_GRPC_TLS_CERT_FILE": p.CertFile, "SIDECAR_GRPC_TLS_KEY_FILE": p.CAFile})
+	if err == nil || !strings.Contains(err.Error(), "SIDECAR_GRPC_TLS_KEY_FILE") {
+		t.Fatalf("a key file that is not a key: %v", err)
 	}
 }

@@ -60,7 +60,7 @@ func answerCheck(a Authorizer, b []byte) error {
 func answerRateLimit(r RateLimiter, b []byte) error {
 	c := newRateLimitCall()
 	c.decode(b)
-	v, err := c.decide(r)
+	v, err := c.decide(context.Background(), r)
 	if err != nil {
 		return err
 	}

@@ -275,6 +275,9 @@ func (c *checkCall) release() {
 }
 
 func checkHandler(srv any, ctx context.Context, dec func(any) error, interceptor grpc.UnaryServerInterceptor) (any, error) {
+	if tooLate(ctx, srv) {
+		return nil, ErrTooLate // before it is decoded: the time it waited was its budget
+	}
 	c := newCheckCall()
 	if err := dec(c); err != nil {
 		c.release()

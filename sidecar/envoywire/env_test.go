@@ -255,7 +255,7 @@ func sameRequestID(s, w *authv3.CheckResponse) {
 func rateLimitWire(r RateLimiter, b []byte) (*rlsv3.RateLimitResponse, error) {
 	c := newRateLimitCall()
 	c.decode(b)
-	v, err := c.decide(r)
+	v, err := c.decide(context.Background(), r)
 	if err != nil {
 		return nil, err
 	}

@@ -11,6 +11,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/encoding/protowire"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/converger/edge/sidecar/rls"
 	"github.com/converger/edge/sidecar/rlsapi"
@@ -18,7 +19,7 @@ import (
 
 // RateLimiter decides ShouldRateLimit requests: *rlsapi.Server.
 type RateLimiter interface {
-	Decide(*rls.Request, *rls.Response) error
+	Decide(context.Context, *rls.Request, *rls.Response) error
 }
 
 // ShouldRateLimitMethod is the full name of RateLimitService/ShouldRateLimit.
@@ -272,6 +273,9 @@ func (c *rateLimitCall) keep(b []byte) string {
 }
 
 func rateLimitHandler(srv any, ctx context.Context, dec func(any) error, interceptor grpc.UnaryServerInterceptor) (any, error) {
+	if tooLate(ctx, srv) {
+		return nil, ErrTooLate
+	}
 	c := newRateLimitCall()
 	if err := dec(c); err != nil {
 		c.release()
@@ -279,24 +283,24 @@ func rateLimitHandler(srv any, ctx context.Context, dec func(any) error, interce
 	}
 	r := srv.(RateLimiter)
 	if interceptor == nil {
-		return c.decide(r)
+		return c.decide(ctx, r)
 	}
 	info := &grpc.UnaryServerInfo{Server: srv, FullMethod: ShouldRateLimitMethod}
-	return interceptor(ctx, c, info, func(_ context.Context, req any) (any, error) {
-		return req.(*rateLimitCall).decide(r)
+	return interceptor(ctx, c, info, func(ctx context.Context, req any) (any, error) {
+		return req.(*rateLimitCall).decide(ctx, r)
 	})
 }
 
 var errMalformedRateLimit = status.Error(codes.InvalidArgument, "the RateLimitRequest is not valid protobuf wire format")
 
-func (c *rateLimitCall) decide(r RateLimiter) (any, error) {
+func (c *rateLimitCall) decide(ctx context.Context, r RateLimiter) (any, error) {
 	if c.malformed {
 		c.release()
 		return nil, errMalformedRateLimit
 	}
-	if err := r.Decide(&c.req, &c.resp); err != nil {
+	if err := r.Decide(ctx, &c.req, &c.resp); err != nil {
 		c.release()
-		return nil, status.Error(codes.InvalidArgument, err.Error()) // as rlsapi answers it
+		return nil, rlsapi.GRPCError(err) // as rlsapi answers it
 	}
 	return c, nil
 }
@@ -306,6 +310,7 @@ func (c *rateLimitCall) decide(r RateLimiter) (any, error) {
 //	overall_code
 //	statuses {code, current_limit {requests_per_unit, unit, name, unit_multiplier {value}}, limit_remaining, duration_until_reset {seconds}} …
 //	response_headers_to_add {key, value} × 3 (RateLimit-Limit, -Remaining, -Reset), when on
+//	dynamic_metadata, when on
 func (c *rateLimitCall) encode() {
 	d := &c.resp
 	b := appendVarintField(c.out[:0], 1, uint64(int64(d.Code)))
@@ -315,11 +320,19 @@ func (c *rateLimitCall) encode() {
 		b = appendStatus(b, st)
 	}
 	if d.Header >= 0 {
-		st := &d.Statuses[d.Header]
+		st, names := &d.Statuses[d.Header], rlsapi.Names(d)
 		var digits [20]byte
-		b = appendNumberHeader(b, rlsapi.HeaderLimit, strconv.AppendUint(digits[:0], uint64(st.Limit.PerUnit), 10))
-		b = appendNumberHeader(b, rlsapi.HeaderRemaining, strconv.AppendUint(digits[:0], uint64(st.Remaining), 10))
-		b = appendNumberHeader(b, rlsapi.HeaderReset, strconv.AppendInt(digits[:0], st.Reset, 10))
+		b = appendNumberHeader(b, names[0], strconv.AppendUint(digits[:0], uint64(st.Limit.PerUnit), 10))
+		b = appendNumberHeader(b, names[1], strconv.AppendUint(digits[:0], uint64(st.Remaining), 10))
+		b = appendNumberHeader(b, names[2], strconv.AppendInt(digits[:0], st.Reset, 10))
+	}
+	if d.Metadata {
+		// Only with RLS_RESPONSE_DYNAMIC_METADATA: built as rlsapi builds it.
+		md, err := proto.Marshal(rlsapi.DynamicMetadata(&c.req, d))
+		if err == nil {
+			b = appendMessageHeader(b, 6, len(md))
+			b = append(b, md...)
+		}
 	}
 	c.out = b
 }

@@ -387,6 +387,10 @@ func (e *entry) add(n, w uint32, end int64, size int64, maxOwn uint32) (uint32, 
 	}
 }
 
+// shrinkPeak is the least peak of a shard whose maps Sweep rebuilds once they hold less
+// than a quarter of it.
+const shrinkPeak = 64
+
 // Sweep removes the counters whose window ended before now and returns how many it
 // removed. Maps that shrank to a quarter of their peak are rebuilt to free memory.
 func (l *Limiter) Sweep() int {
@@ -398,6 +402,9 @@ func (l *Limiter) Sweep() int {
 	for i := range l.shards {
 		s := &l.shards[i]
 		s.mu.Lock()
+		// The peak is taken before the deletions: a burst of keys that all end between
+		// two sweeps must still shrink the maps it grew (Go's maps never shrink).
+		s.peak = max(s.peak, s.len())
 		for _, m := range s.byBucket {
 			for id, e := range m {
 				if e.endMS.Load() <= now && (e.ext == nil || e.ext.keepMS.Load() <= now) {
@@ -406,11 +413,14 @@ func (l *Limiter) Sweep() int {
 				}
 			}
 		}
-		if n := s.len(); n > s.peak {
-			s.peak = n
-		} else if s.peak > 1024 && n < s.peak/4 {
+		if n := s.len(); s.peak > shrinkPeak && n < s.peak/4 {
 			for b, m := range s.byBucket {
-				s.byBucket[b] = maps.Clone(m)
+				if m != nil {
+					// A new map sized for what is left: maps.Clone keeps the old one's
+					// capacity.
+					s.byBucket[b] = make(map[string]*entry, len(m))
+					maps.Copy(s.byBucket[b], m)
+				}
 			}
 			s.peak = n
 		}

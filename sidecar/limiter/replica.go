@@ -144,6 +144,9 @@ func (e *entry) snapshot() Snapshot {
 	return snap
 }
 
+// maxKeptChanged is the longest changed list of a shard DrainChanged keeps for reuse.
+const maxKeptChanged = 128
+
 // DrainChanged calls f for every counter counted since the last call, with its state,
 // and clears the list. It is meant for one caller at a time (the sync loop).
 func (l *Limiter) DrainChanged(f func(Key, Snapshot)) {
@@ -164,7 +167,9 @@ func (l *Limiter) DrainChanged(f func(Key, Snapshot)) {
 			list[j] = changedEntry{}
 		}
 		s.changedMu.Lock()
-		if s.changed == nil {
+		// The list is kept for the next sync, unless a burst grew it: then it goes, so
+		// that the burst's memory does not stay.
+		if s.changed == nil && cap(list) <= maxKeptChanged {
 			s.changed = list[:0]
 		}
 		s.changedMu.Unlock()

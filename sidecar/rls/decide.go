@@ -7,6 +7,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"google.golang.org/protobuf/types/known/structpb"
+
 	"github.com/converger/edge/sidecar/limiter"
 )
 
@@ -52,8 +54,13 @@ type Response struct {
 	Code     Code
 	Statuses []Status
 	// Header is the index of the status that the RateLimit-Limit, -Remaining and -Reset
-	// response headers describe, -1 for none (always with the headers off).
-	Header int
+	// response headers describe, -1 for none (always with the headers off); HeaderNames
+	// are their names.
+	Header      int
+	HeaderNames *HeaderNames
+	// Metadata is set when the answer carries dynamic metadata
+	// (RLS_RESPONSE_DYNAMIC_METADATA): see PassedMetadata.
+	Metadata bool
 
 	// Scratch space, kept between the decisions a Response is reused for.
 	work    []work
@@ -106,8 +113,31 @@ func IsRequestError(err error) bool {
 	return errors.As(err, &re)
 }
 
+// HeaderNames are the names of the response headers: limit, remaining, reset.
+type HeaderNames [3]string
+
+// DefaultHeaderNames are the reference's default names.
+var DefaultHeaderNames = HeaderNames{"RateLimit-Limit", "RateLimit-Remaining", "RateLimit-Reset"}
+
+// ErrNoRules answers every request of a service that must wait for its first rules (from
+// an xDS server) before it has them, as the reference words it. It is not the client's
+// mistake: gRPC Unavailable, HTTP 503.
+var ErrNoRules = errors.New("no rate limit configuration loaded")
+
 // Options configure a Service.
 type Options struct {
+	// QuotaMode (RLS_QUOTA_MODE, the reference's QUOTA_MODE) puts every descriptor that is
+	// not unlimited in quota mode: the request is over only when all of them are.
+	QuotaMode bool
+	// HeaderNames name the response headers; the reference's defaults when empty
+	// (RLS_LIMIT_HEADER, RLS_REMAINING_HEADER, RLS_RESET_HEADER).
+	HeaderNames HeaderNames
+	// DynamicMetadata (RLS_RESPONSE_DYNAMIC_METADATA) marks every answer as carrying the
+	// reference's dynamic metadata.
+	DynamicMetadata bool
+	// WaitForRules answers ErrNoRules until SetRules is first called (rules from an xDS
+	// server), instead of OK for every request.
+	WaitForRules bool
 	// ShadowMode (RLS_SHADOW_MODE) counts and decides everything but answers OK overall.
 	ShadowMode bool
 	// ResponseHeaders (RLS_RESPONSE_HEADERS) chooses the status of the RateLimit-*
@@ -134,6 +164,11 @@ type Service struct {
 // New returns a service over lim with rules (nil: none, every request is OK).
 func New(lim *limiter.Limiter, rules *Rules, o Options) *Service {
 	s := &Service{lim: lim, hits: lim.Bucket(Bucket), opts: o}
+	for i, n := range s.opts.HeaderNames {
+		if n == "" {
+			s.opts.HeaderNames[i] = DefaultHeaderNames[i]
+		}
+	}
 	if rules != nil {
 		s.SetRules(rules)
 	}
@@ -201,11 +236,15 @@ func (s *Service) Decide(req *Request, resp *Response) error {
 	if err := check(req); err != nil {
 		return err
 	}
-	resp.reset(len(req.Descriptors))
 	var d *domain
-	if rules := s.rules.Load(); rules != nil {
+	rules := s.rules.Load()
+	if rules != nil {
 		d = rules.domains[req.Domain]
+	} else if s.opts.WaitForRules {
+		return ErrNoRules
 	}
+	resp.reset(len(req.Descriptors))
+	resp.Metadata = s.opts.DynamicMetadata
 	replacing := false
 	for i := range req.Descriptors {
 		desc, w := &req.Descriptors[i], &resp.work[i]
@@ -226,9 +265,15 @@ func (s *Service) Decide(req *Request, resp *Response) error {
 	for i := range req.Descriptors {
 		s.count(d, req, i, resp)
 	}
+	if s.opts.QuotaMode {
+		globalQuota(resp)
+	}
 	over := overall(resp)
 	if len(resp.pending) > 0 {
 		s.settle(req, resp, over)
+		if s.opts.QuotaMode {
+			globalQuota(resp)
+		}
 		over = overall(resp)
 	}
 	if over {
@@ -242,8 +287,21 @@ func (s *Service) Decide(req *Request, resp *Response) error {
 	}
 	if s.opts.ResponseHeaders {
 		resp.Header = headerStatus(resp)
+		resp.HeaderNames = &s.opts.HeaderNames
 	}
 	return nil
+}
+
+// PassedMetadata returns the metadata of the rule that descriptor i passed, nil when
+// none: as the reference, the metadata of a rule that matched with a limit in play
+// (not unlimited, not replaced, not a limit override) and whose status is not
+// OVER_LIMIT (a rule in shadow mode reports OK, so passes).
+func (r *Response) PassedMetadata(i int) *structpb.Struct {
+	w, st := &r.work[i], &r.Statuses[i]
+	if w.rule == nil || w.override || !st.HasLimit || st.Code == OverLimit {
+		return nil
+	}
+	return w.rule.metadata
 }
 
 // check refuses what the reference refuses, and what it would crash on or could not
@@ -520,6 +578,16 @@ func (s *Service) settle(req *Request, resp *Response, over bool) {
 			n++
 		}
 		setStatus(&resp.Statuses[desc], &resp.work[desc], resp.work[desc].rule, outs[:n])
+	}
+}
+
+// globalQuota puts every descriptor but the unlimited ones in quota mode, as the
+// reference's QUOTA_MODE does: a descriptor that matched nothing, or was replaced, is a
+// quota-mode descriptor that is not over, so a request that has one is never over.
+func globalQuota(resp *Response) {
+	for i := range resp.work {
+		w := &resp.work[i]
+		w.quota = w.override || w.rule == nil || !w.rule.unlimited
 	}
 }
 

@@ -33,6 +33,7 @@ type descSpec struct {
 	share        bool
 	countDenied  bool // false: denied hits are not counted (ours)
 	refunds      bool // is_negative_hits refunds hits (ours)
+	metadata     *structpb.Struct
 	keyLine      int
 }
 
@@ -420,7 +421,7 @@ func (p *parser) descriptor(n *yaml.Node, path string, depth int) *descSpec {
 		case "allow_refunds":
 			d.refunds = p.boolean(e)
 		case "metadata":
-			p.metadata(e)
+			d.metadata = p.metadata(e)
 		}
 	}
 	return d
@@ -460,23 +461,27 @@ func (p *parser) limit(n *yaml.Node, path string, depth int) *limitSpec {
 	return l
 }
 
-// metadata checks that a descriptor's metadata converts to a protobuf Struct, as the
-// reference requires; it plays no part in decisions.
-func (p *parser) metadata(e kv) {
+// metadata reads a descriptor's metadata as a protobuf Struct, as the reference
+// requires; it plays no part in decisions, and is returned in the dynamic metadata of the
+// requests that pass the descriptor (RLS_RESPONSE_DYNAMIC_METADATA). nil: none.
+func (p *parser) metadata(e kv) *structpb.Struct {
 	var v any
 	if err := e.v.Decode(&v); err != nil {
 		p.fail(e.v.Line, e.path, "error parsing metadata: %v", err)
-		return
+		return nil
 	}
 	if v == nil {
-		return
+		return nil
 	}
 	m, ok := v.(map[string]any)
 	if !ok {
 		p.fail(e.v.Line, e.path, "error parsing metadata: a mapping with string keys is required, not %s", describe(e.v))
-		return
+		return nil
 	}
-	if _, err := structpb.NewStruct(m); err != nil {
+	s, err := structpb.NewStruct(m)
+	if err != nil {
 		p.fail(e.v.Line, e.path, "error parsing metadata: %v", err)
+		return nil
 	}
+	return s
 }

@@ -12,6 +12,8 @@ import (
 	"slices"
 	"strings"
 	"time"
+
+	"google.golang.org/protobuf/types/known/structpb"
 )
 
 // Rules is a directory of rule files, checked and compiled into one tree of rules per
@@ -22,8 +24,9 @@ type Rules struct {
 	limits  []*Limit // every limit, in file order
 	rules   int
 	// dir and seen are the directory the rules were read from and its fingerprint just
-	// before, from which a Watcher sees it change.
+	// before, from which a Watcher sees it change; opts how they were read.
 	dir, seen string
+	opts      LoadOptions
 }
 
 // Files returns the names of the files the rules came from, in the order they were read.
@@ -85,6 +88,9 @@ type rule struct {
 	// countDenied false: hits are counted only when the request is allowed.
 	countDenied bool
 	refunds     bool
+	// metadata is the descriptor's metadata, returned in the dynamic metadata of the
+	// requests it passes (RLS_RESPONSE_DYNAMIC_METADATA); nil when it has none.
+	metadata *structpb.Struct
 	// share holds, by depth, the wildcard that stands for the request's value in the
 	// counter ids of this rule's limits (share_threshold); nil when none does.
 	share    []string
@@ -155,9 +161,24 @@ func ruleFiles(dir string) ([]candidate, error) {
 	return out, nil
 }
 
-// LoadDir reads and checks every rule file of dir. The error is Problems: every problem
-// found, each naming its file and, where it can, the line and the key.
-func LoadDir(dir string) (*Rules, error) {
+// LoadOptions say how the rule files of a directory (or of an xDS server) are put
+// together.
+type LoadOptions struct {
+	// MergeDomains (RLS_MERGE_DOMAIN_CONFIG, the reference's MERGE_DOMAIN_CONFIG) merges
+	// the files of one domain into one tree, in the order they are read, instead of
+	// refusing the second: as the reference, a key and value written at the top level of
+	// two of them is still a duplicate, and the rules below one of them come from its
+	// file alone.
+	MergeDomains bool
+}
+
+// LoadDir reads and checks every rule file of dir, one domain per file. The error is
+// Problems: every problem found, each naming its file and, where it can, the line and
+// the key.
+func LoadDir(dir string) (*Rules, error) { return Load(dir, LoadOptions{}) }
+
+// Load is LoadDir with options.
+func Load(dir string, o LoadOptions) (*Rules, error) {
 	seen := fingerprint(dir) // before reading: a change while reading is seen next time
 	files, err := ruleFiles(dir)
 	if err != nil {
@@ -177,17 +198,17 @@ func LoadDir(dir string) (*Rules, error) {
 			specs = append(specs, spec)
 		}
 	}
-	r, err := finish(specs, problems)
+	r, err := finish(specs, problems, o)
 	if err != nil {
 		return nil, err
 	}
-	r.dir, r.seen = dir, seen
+	r.dir, r.seen, r.opts = dir, seen, o
 	return r, nil
 }
 
 // finish compiles the files' rules and returns them, or every problem found, by file.
-func finish(specs []*fileSpec, problems Problems) (*Rules, error) {
-	r, ps := compile(specs)
+func finish(specs []*fileSpec, problems Problems, o LoadOptions) (*Rules, error) {
+	r, ps := compile(specs, o.MergeDomains)
 	problems = append(problems, ps...)
 	if problems != nil {
 		slices.SortStableFunc(problems, func(a, b Problem) int { return strings.Compare(a.File, b.File) })
@@ -229,7 +250,41 @@ func ParseFiles(files map[string]string) (*Rules, error) {
 			specs = append(specs, spec)
 		}
 	}
-	return finish(specs, problems)
+	return finish(specs, problems, LoadOptions{})
+}
+
+// File is one rule file: its name (in messages) and its content.
+type File struct {
+	Name string
+	Data []byte
+}
+
+// Compile checks and compiles rule files in the order given, as a directory's would be:
+// for rules that come from elsewhere (an xDS server). Problems name each file; they
+// carry no line when lines says so (a document made from a message has none worth
+// showing).
+func Compile(files []File, o LoadOptions, lines bool) (*Rules, error) {
+	var problems Problems
+	var specs []*fileSpec
+	for _, f := range files {
+		spec, ps := parseFile(f.Name, f.Data)
+		problems = append(problems, ps...)
+		if spec != nil {
+			specs = append(specs, spec)
+		}
+	}
+	r, ps := compile(specs, o.MergeDomains)
+	problems = append(problems, ps...)
+	if problems != nil {
+		if !lines {
+			for i := range problems {
+				problems[i].Line = 0
+			}
+		}
+		return nil, problems
+	}
+	r.opts = o
+	return r, nil
 }
 
 type compiler struct {
@@ -243,8 +298,9 @@ func (c *compiler) fail(line int, path, format string, args ...any) {
 }
 
 // compile checks the rules of every file together and builds their trees, as the
-// reference's loadConfig and loadDescriptors do, in the same order of checks.
-func compile(specs []*fileSpec) (*Rules, Problems) {
+// reference's loadConfig and loadDescriptors do, in the same order of checks. With merge,
+// a file of a domain already read adds its descriptors to the domain's top level.
+func compile(specs []*fileSpec, merge bool) (*Rules, Problems) {
 	c := &compiler{r: &Rules{domains: map[string]*domain{}}}
 	for _, f := range specs {
 		c.file = f.name
@@ -253,6 +309,10 @@ func compile(specs []*fileSpec) (*Rules, Problems) {
 			continue // reported by the parser
 		}
 		if prev, dup := c.r.domains[f.domain]; dup {
+			if merge {
+				c.level(&prev.root, f.descriptors, f.domain+".", nil, 0)
+				continue
+			}
 			c.fail(f.domainLine, "domain", "duplicate domain '%s' in config file (also in %s)", f.domain, prev.file)
 			continue
 		}
@@ -285,7 +345,7 @@ func (c *compiler) level(lv *level, specs []*descSpec, parent string, share []st
 		c.r.rules++
 		r := &rule{
 			key: d.key, value: d.value, shadow: d.shadow, quota: d.quota,
-			countDenied: d.countDenied, refunds: d.refunds,
+			countDenied: d.countDenied, refunds: d.refunds, metadata: d.metadata,
 			stat: stat, file: c.file, line: d.line, children: newLevel(),
 		}
 		c.limits(r, d)
@@ -397,4 +457,28 @@ func (c *compiler) replaces(r *rule, l *limitSpec) {
 			}
 		}
 	}
+}
+
+// Dump writes the rules as the reference's /rlconfig shows them: one line per descriptor
+// that has a rate_limit, "domain.key_value.key: unit=MINUTE requests_per_unit=10,
+// shadow_mode: false" (an unlimited one with unit=UNKNOWN requests_per_unit=0), domains
+// sorted and descriptors in file order (the reference's order is random). A descriptor
+// with rate_limits or unit_multiplier (ours) has one line per limit, with its window.
+func (r *Rules) Dump() string {
+	var b strings.Builder
+	for _, name := range r.Domains() {
+		r.domains[name].root.each(func(ru *rule) {
+			if ru.unlimited {
+				fmt.Fprintf(&b, "%s: unit=UNKNOWN requests_per_unit=0, shadow_mode: %t\n", ru.stat, ru.shadow)
+			}
+			for _, l := range ru.limits {
+				fmt.Fprintf(&b, "%s: unit=%s requests_per_unit=%d, shadow_mode: %t", ru.stat, l.Unit, l.PerUnit, ru.shadow)
+				if len(ru.limits) > 1 || l.Multiplier > 1 {
+					fmt.Fprintf(&b, ", window: %s", l.window)
+				}
+				b.WriteByte('\n')
+			}
+		})
+	}
+	return b.String()
 }

@@ -33,6 +33,7 @@ type Watcher struct {
 	Dir      string
 	Interval time.Duration // how often the directory is looked at; 1 s when 0
 	Logger   *slog.Logger
+	Options  LoadOptions // how the files are put together
 }
 
 // Run applies every valid change of the directory to s until ctx ends, starting from the
@@ -65,7 +66,7 @@ func (w *Watcher) Run(ctx context.Context, s *Service) {
 			continue
 		}
 		last = fp
-		rules, err := LoadDir(w.Dir)
+		rules, err := Load(w.Dir, w.Options)
 		if err != nil {
 			s.Loaded(false)
 			log.Error("RLS_CONFIG_DIR changed but is not valid: the previous rules stay in use",

@@ -6,6 +6,7 @@ package rlsapi
 import (
 	"context"
 	"errors"
+	"github.com/prometheus/client_golang/prometheus"
 	"io"
 	"log/slog"
 	"net/http"
@@ -14,23 +15,36 @@ import (
 	"time"
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
+	"go.opentelemetry.io/otel/attribute"
+	otelcodes "go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/trace"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/encoding/protojson"
+	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/types/known/structpb"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
 	"github.com/converger/edge/shared/apierror"
+	"github.com/converger/edge/shared/tracing"
 	"github.com/converger/edge/sidecar/rls"
 )
 
-// The response headers, named as the reference names them by default.
+// The response headers, named as the reference names them by default (RLS_LIMIT_HEADER,
+// RLS_REMAINING_HEADER and RLS_RESET_HEADER rename them).
 const (
 	HeaderLimit     = "RateLimit-Limit"
 	HeaderRemaining = "RateLimit-Remaining"
 	HeaderReset     = "RateLimit-Reset"
 )
+
+// ConfigPath is where the rules in use are shown as text on SIDECAR_HTTP_ADDR, as the
+// reference's /rlconfig on its debug port.
+const ConfigPath = "/rlconfig"
 
 // JSONPath is the JSON endpoint's path on SIDECAR_HTTP_ADDR, as the reference serves it.
 const JSONPath = "/json"
@@ -44,6 +58,18 @@ type Server struct {
 	svc  *rls.Service
 	log  *slog.Logger
 	pool sync.Pool // of *scratch
+	shed prometheus.Counter
+}
+
+// CountShed counts in c the calls refused unread because their deadline was too close
+// (envoywire.ErrTooLate). Call it before serving.
+func (s *Server) CountShed(c prometheus.Counter) { s.shed = c }
+
+// DroppedLate counts a call refused as too late (envoywire.LateDropper).
+func (s *Server) DroppedLate() {
+	if s.shed != nil {
+		s.shed.Inc()
+	}
 }
 
 // New returns the server of svc.
@@ -64,15 +90,24 @@ type scratch struct {
 // ShouldRateLimit decides on a request. Its errors are the reference's (an empty domain,
 // no descriptors) and ours (a limit override without a valid unit, a request over the
 // bounds), all InvalidArgument: Envoy treats any error as a failed call.
-func (s *Server) ShouldRateLimit(_ context.Context, req *rlsv3.RateLimitRequest) (*rlsv3.RateLimitResponse, error) {
-	resp, err := s.decide(req)
+func (s *Server) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitRequest) (*rlsv3.RateLimitResponse, error) {
+	resp, err := s.decide(ctx, req)
 	if err != nil {
-		return nil, status.Error(codes.InvalidArgument, err.Error())
+		return nil, GRPCError(err)
 	}
 	return resp, nil
 }
 
-func (s *Server) decide(req *rlsv3.RateLimitRequest) (*rlsv3.RateLimitResponse, error) {
+// GRPCError is the gRPC status of a decision's error: Unavailable while the service waits
+// for its first rules, InvalidArgument for a request refused.
+func GRPCError(err error) error {
+	if errors.Is(err, rls.ErrNoRules) {
+		return status.Error(codes.Unavailable, err.Error())
+	}
+	return status.Error(codes.InvalidArgument, err.Error())
+}
+
+func (s *Server) decide(ctx context.Context, req *rlsv3.RateLimitRequest) (*rlsv3.RateLimitResponse, error) {
 	sc := s.pool.Get().(*scratch)
 	defer func() {
 		// The scratch must not keep the request's strings alive.
@@ -81,19 +116,39 @@ func (s *Server) decide(req *rlsv3.RateLimitRequest) (*rlsv3.RateLimitResponse, 
 		s.pool.Put(sc)
 	}()
 	convert(req, sc)
-	if err := s.Decide(&sc.req, &sc.resp); err != nil {
+	if err := s.Decide(ctx, &sc.req, &sc.resp); err != nil {
 		return nil, err
 	}
-	return response(&sc.resp), nil
+	out := response(&sc.resp)
+	if sc.resp.Metadata {
+		out.DynamicMetadata = DynamicMetadata(&sc.req, &sc.resp)
+	}
+	return out, nil
 }
 
 // Decide is ShouldRateLimit's decision on a request already read from its message, into
 // resp, with the metrics ShouldRateLimit records: for a caller that reads requests and
 // writes answers itself. Its error is the client's mistake (InvalidArgument, 400).
-func (s *Server) Decide(req *rls.Request, resp *rls.Response) error {
+// While tracing is on, the decision has a span below ctx's (Envoy's span of its call).
+func (s *Server) Decide(ctx context.Context, req *rls.Request, resp *rls.Response) error {
 	start := time.Now()
+	var span trace.Span
+	if tracing.Enabled() {
+		_, span = tracing.Start(tracing.FromIncoming(ctx), "converger.ratelimit", trace.SpanKindServer,
+			attribute.String("converger.domain", req.Domain), attribute.Int("converger.descriptors", len(req.Descriptors)))
+	}
 	err := s.svc.Decide(req, resp)
 	s.svc.Metrics().Observe(err == nil && resp.Code == rls.OverLimit, err != nil, time.Since(start))
+	if span != nil {
+		// The domain and the overall code only: descriptor values are the counted keys
+		// (users, addresses), never put in a trace.
+		if err != nil {
+			span.SetStatus(otelcodes.Error, "invalid request")
+		} else {
+			span.SetAttributes(attribute.Bool("converger.over_limit", resp.Code == rls.OverLimit))
+		}
+		span.End()
+	}
 	return err
 }
 
@@ -186,16 +241,104 @@ func response(d *rls.Response) *rlsv3.RateLimitResponse {
 		out.Statuses[i] = &p.st
 	}
 	if d.Header >= 0 {
-		st, h := &d.Statuses[d.Header], new(headers)
-		h.values[0] = corev3.HeaderValue{Key: HeaderLimit, Value: strconv.FormatUint(uint64(st.Limit.PerUnit), 10)}
-		h.values[1] = corev3.HeaderValue{Key: HeaderRemaining, Value: strconv.FormatUint(uint64(st.Remaining), 10)}
-		h.values[2] = corev3.HeaderValue{Key: HeaderReset, Value: strconv.FormatInt(st.Reset, 10)}
+		st, h, names := &d.Statuses[d.Header], new(headers), Names(d)
+		h.values[0] = corev3.HeaderValue{Key: names[0], Value: strconv.FormatUint(uint64(st.Limit.PerUnit), 10)}
+		h.values[1] = corev3.HeaderValue{Key: names[1], Value: strconv.FormatUint(uint64(st.Remaining), 10)}
+		h.values[2] = corev3.HeaderValue{Key: names[2], Value: strconv.FormatInt(st.Reset, 10)}
 		for i := range h.values {
 			h.ptrs[i] = &h.values[i]
 		}
 		out.ResponseHeadersToAdd = h.ptrs[:]
 	}
 	return out
+}
+
+// Names are the names of the response headers of a decision: the reference's defaults
+// unless configured.
+func Names(d *rls.Response) *rls.HeaderNames {
+	if d.HeaderNames != nil {
+		return d.HeaderNames
+	}
+	return &rls.DefaultHeaderNames
+}
+
+// DynamicMetadata is the dynamic_metadata the reference returns with
+// RESPONSE_DYNAMIC_METADATA=true: the domain; the request's descriptors, each with its
+// entries as "key=value", its limit override (in the protos' text form) and its
+// hitsAddend when set; the request's hitsAddend when not 0; and under "metadata" the
+// metadata of the rules the request passed, merged in the order of the descriptors
+// (the first value of a key stays, mappings are merged key by key).
+func DynamicMetadata(req *rls.Request, d *rls.Response) *structpb.Struct {
+	descs := make([]*structpb.Value, len(req.Descriptors))
+	for i := range req.Descriptors {
+		desc := &req.Descriptors[i]
+		entries := make([]*structpb.Value, len(desc.Entries))
+		for j, e := range desc.Entries {
+			entries[j] = structpb.NewStringValue(e.Key + "=" + e.Value)
+		}
+		f := map[string]*structpb.Value{"entries": structpb.NewListValue(&structpb.ListValue{Values: entries})}
+		if desc.HasOverride {
+			o := &ratelimitv3.RateLimitDescriptor_RateLimitOverride{RequestsPerUnit: desc.Override.PerUnit, Unit: typev3.RateLimitUnit(desc.Override.Unit)}
+			if desc.Override.Multiplier != 0 {
+				o.UnitMultiplier = wrapperspb.UInt32(desc.Override.Multiplier)
+			}
+			f["limit"] = structpb.NewStringValue(o.String())
+		}
+		if desc.HasHits {
+			f["hitsAddend"] = structpb.NewNumberValue(float64(desc.Hits))
+		}
+		descs[i] = structpb.NewStructValue(&structpb.Struct{Fields: f})
+	}
+	out := map[string]*structpb.Value{
+		"domain":      structpb.NewStringValue(req.Domain),
+		"descriptors": structpb.NewListValue(&structpb.ListValue{Values: descs}),
+	}
+	if req.Hits != 0 {
+		out["hitsAddend"] = structpb.NewNumberValue(float64(req.Hits))
+	}
+	var passed *structpb.Struct
+	for i := range d.Statuses {
+		if m := d.PassedMetadata(i); m != nil {
+			if passed == nil {
+				passed = &structpb.Struct{Fields: map[string]*structpb.Value{}}
+			}
+			merge(passed, m)
+		}
+	}
+	if passed != nil && len(passed.Fields) > 0 {
+		out["metadata"] = structpb.NewStructValue(passed)
+	}
+	return &structpb.Struct{Fields: out}
+}
+
+// merge adds src's fields to dst: a key dst lacks takes src's value (copied, so that the
+// rules' own metadata is never changed), mappings on both sides are merged, any other
+// value of dst stays.
+func merge(dst, src *structpb.Struct) {
+	for k, v := range src.GetFields() {
+		have, ok := dst.Fields[k]
+		switch {
+		case !ok:
+			dst.Fields[k] = proto.Clone(v).(*structpb.Value)
+		case have.GetStructValue() != nil && v.GetStructValue() != nil:
+			merge(have.GetStructValue(), v.GetStructValue())
+		}
+	}
+}
+
+// RulesText serves GET /rlconfig: the rules in use as text, one line per descriptor with
+// a limit, as the reference's debug port shows them.
+func (s *Server) RulesText(w http.ResponseWriter, r *http.Request) {
+	if r.Method != http.MethodGet && r.Method != http.MethodHead {
+		w.Header().Set("Allow", "GET, HEAD")
+		http.Error(w, "Use GET.", http.StatusMethodNotAllowed)
+		return
+	}
+	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+	w.Header().Set("Cache-Control", "no-store")
+	if rules := s.svc.Rules(); rules != nil {
+		_, _ = io.WriteString(w, rules.Dump())
+	}
 }
 
 // JSON serves POST /json: a RateLimitRequest in protobuf's JSON mapping in, the
@@ -234,8 +377,13 @@ func (s *Server) JSON(w http.ResponseWriter, r *http.Request) {
 		fail(apierror.BadRequest, "The body is not a RateLimitRequest in protobuf's JSON mapping: "+err.Error())
 		return
 	}
-	resp, err := s.decide(&req)
+	resp, err := s.decide(tracing.Extract(r.Context(), tracing.Header(r.Header.Get)), &req)
 	if err != nil {
+		if errors.Is(err, rls.ErrNoRules) {
+			w.Header().Set("Retry-After", "1")
+			fail(apierror.Unavailable, "No rate limit configuration is loaded yet.")
+			return
+		}
 		fail(apierror.BadRequest, err.Error())
 		return
 	}

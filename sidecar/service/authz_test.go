@@ -17,9 +17,15 @@ import (
 )
 
 // Every row of the limited-endpoints table: the default budget is allowed, the next
-// request is denied with the full 429 contract.
+// request is denied with the full 429 contract; in plain text and over mutual TLS.
 func TestEveryLimitedEndpoint(t *testing.T) {
-	s := newStack(t, stackOptions{})
+	for _, mtls := range []bool{false, true} {
+		t.Run(map[bool]string{false: "plaintext", true: "mtls"}[mtls], func(t *testing.T) { testEveryLimitedEndpoint(t, mtls) })
+	}
+}
+
+func testEveryLimitedEndpoint(t *testing.T, mutualTLS bool) {
+	s := newStack(t, stackOptions{mutualTLS: mutualTLS})
 	// Half a second into a minute (and a second): retry_after_ms is what remains.
 	s.clock.set(s.start.Add(500 * time.Millisecond))
 	ten := s.tenant()
@@ -291,14 +297,30 @@ func TestUnlimitedRoutesPass(t *testing.T) {
 
 // The Go client the core uses, against the real service.
 func TestLimiterClient(t *testing.T) {
-	s := newStack(t, stackOptions{noDatabase: true})
+	for _, mtls := range []bool{false, true} {
+		t.Run(map[bool]string{false: "plaintext", true: "mtls"}[mtls], func(t *testing.T) { testLimiterClient(t, mtls) })
+	}
+}
+
+func testLimiterClient(t *testing.T, mutualTLS bool) {
+	s := newStack(t, stackOptions{noDatabase: true, mutualTLS: mutualTLS})
 	s.clock.set(s.start.Add(59_500 * time.Millisecond))
-	c, err := limiterclient.New(s.sc.GRPCAddr.String())
+	c, err := limiterclient.New(s.sc.GRPCAddr.String(), limiterclient.WithTLS(s.tls))
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer c.Close()
 	ctx := context.Background()
+	if mutualTLS {
+		plain, err := limiterclient.New(s.sc.GRPCAddr.String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer plain.Close()
+		if _, err := plain.Check(ctx, "login_account", "x", 1); err == nil {
+			t.Fatal("a plain-text client was answered on the mutual TLS port")
+		}
+	}
 	if r, err := c.Record(ctx, "login_account", "tenant:acme:eve@example.com", 5); err != nil || !r.Allowed || r.Count != 5 || r.Window != time.Minute {
 		t.Fatalf("record: %+v %v", r, err)
 	}

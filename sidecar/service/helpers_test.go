@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/rand"
 	"crypto/sha256"
+	"crypto/tls"
 	"encoding/base64"
 	"encoding/json"
 	"fmt"
@@ -22,11 +23,14 @@ import (
 	authv3 "github.com/envoyproxy/go-control-plane/envoy/service/auth/v3"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/converger/edge/core/migrations"
 	"github.com/converger/edge/shared/limiterpb"
 	"github.com/converger/edge/shared/pgserver"
+	"github.com/converger/edge/shared/testpki"
+	"github.com/converger/edge/shared/tlsconfig"
 	"github.com/converger/edge/shared/token"
 	"github.com/converger/edge/sidecar/config"
 	"github.com/converger/edge/sidecar/service"
@@ -52,6 +56,7 @@ type stack struct {
 	limiter limiterpb.LimiterClient
 	db      *pgxpool.Pool
 	signer  *token.Signer
+	tls     *tls.Config // the gRPC client's TLS with mutualTLS, else nil
 }
 
 type stackOptions struct {
@@ -59,6 +64,8 @@ type stackOptions struct {
 	databaseURL string // "" with noDatabase false: a fresh test database
 	noDatabase  bool
 	yaml        string
+	// mutualTLS puts the gRPC port on mutual TLS, with the test's client allowed.
+	mutualTLS bool
 }
 
 func newStack(t *testing.T, o stackOptions) *stack {
@@ -105,6 +112,11 @@ func newStack(t *testing.T, o stackOptions) *stack {
 		}
 		env["RATE_LIMIT_CONFIG"] = path
 	}
+	creds := insecure.NewCredentials()
+	if o.mutualTLS {
+		s.tls = mutualTLS(t, env)
+		creds = credentials.NewTLS(s.tls.Clone())
+	}
 	for k, v := range o.env {
 		env[k] = v
 	}
@@ -120,7 +132,7 @@ func newStack(t *testing.T, o stackOptions) *stack {
 		t.Fatal(err)
 	}
 	t.Cleanup(s.sc.Stop)
-	conn, err := grpc.NewClient(s.sc.GRPCAddr.String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	conn, err := grpc.NewClient(s.sc.GRPCAddr.String(), grpc.WithTransportCredentials(creds))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -128,6 +140,39 @@ func newStack(t *testing.T, o stackOptions) *stack {
 	s.authz = authv3.NewAuthorizationClient(conn)
 	s.limiter = limiterpb.NewLimiterClient(conn)
 	return s
+}
+
+// mutualTLS sets in env the variables of mutual TLS on the gRPC port, with a CA and
+// certificates of its own, and returns the configuration of a client it allows.
+func mutualTLS(t *testing.T, env map[string]string) *tls.Config {
+	t.Helper()
+	const id = "spiffe://cluster.local/ns/edge/sa/envoy"
+	dir := t.TempDir()
+	ca, err := testpki.NewCA("service test CA")
+	if err != nil {
+		t.Fatal(err)
+	}
+	server, err := ca.Issue(testpki.Localhost("sidecar"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	client, err := ca.Issue(testpki.Leaf{Name: "envoy", URIs: []string{id}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := ca.Write(server, dir, "server"); err != nil {
+		t.Fatal(err)
+	}
+	if err := ca.Write(client, dir, "client"); err != nil {
+		t.Fatal(err)
+	}
+	env["SIDECAR_GRPC_TLS_CERT_FILE"], env["SIDECAR_GRPC_TLS_KEY_FILE"] = server.CertFile, server.KeyFile
+	env["SIDECAR_GRPC_TLS_CLIENT_CA_FILE"], env["SIDECAR_GRPC_TLS_ALLOWED_CLIENTS"] = server.CAFile, id
+	c, err := tlsconfig.NewClient(&tlsconfig.ClientFiles{Name: "TEST", CAFile: client.CAFile, CertFile: client.CertFile, KeyFile: client.KeyFile}, tlsconfig.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c.Config()
 }
 
 // check sends one CheckRequest as Envoy builds it.

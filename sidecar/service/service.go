@@ -20,6 +20,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/valyala/fasthttp"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/keepalive"
@@ -27,6 +28,7 @@ import (
 
 	"github.com/converger/edge/shared/limiterpb"
 	"github.com/converger/edge/shared/netlimit"
+	"github.com/converger/edge/shared/tlsconfig"
 	"github.com/converger/edge/sidecar/authz"
 	"github.com/converger/edge/sidecar/cluster"
 	"github.com/converger/edge/sidecar/config"
@@ -38,6 +40,7 @@ import (
 	"github.com/converger/edge/sidecar/metrics"
 	"github.com/converger/edge/sidecar/ops"
 	"github.com/converger/edge/sidecar/rlsapi"
+	"github.com/converger/edge/sidecar/rlsxds"
 	"github.com/converger/edge/sidecar/routes"
 	"github.com/converger/edge/sidecar/tenants"
 	"github.com/converger/edge/sidecar/traffic"
@@ -59,6 +62,7 @@ type Sidecar struct {
 	http     *fasthttp.Server
 	pool     *pgxpool.Pool
 	dir      *tenants.Directory
+	rlsXDS   *rlsxds.Client // nil unless the RLS rules come from an xDS server
 	cancel   context.CancelFunc
 	wg       sync.WaitGroup
 	serving  atomic.Bool
@@ -164,10 +168,17 @@ func Start(cfg *config.Config, o Options) (*Sidecar, error) {
 	az.LimitInFlight(cfg.MaxChecksInFlight, cfg.DBWait)
 
 	rlsAPI := s.rateLimitService(ctx, cfg)
+	rlsAPI.CountShed(s.Metrics.Shed())
 
 	// Envoy's two services read their requests straight from the wire (envoywire); the
 	// others go through the standard proto codec.
-	s.grpc = grpc.NewServer(append(GRPCServerOptions(), append(tuning(), envoywire.ServerOption())...)...)
+	grpcTLS, err := grpcCredentials(cfg.GRPCTLS, log)
+	if err != nil {
+		return nil, err
+	}
+	opts := append(append(tuning(), overloadOptions(s.Metrics)...), connectionAge(cfg))
+	opts = append(append(opts, grpcTLS...), envoywire.ServerOption())
+	s.grpc = grpc.NewServer(append(GRPCServerOptions(), opts...)...)
 	envoywire.RegisterAuthorization(s.grpc, az)
 	envoywire.RegisterRateLimitService(s.grpc, rlsAPI)
 	var limitOverrides limitapi.Overrides
@@ -191,10 +202,17 @@ func Start(cfg *config.Config, o Options) (*Sidecar, error) {
 		return nil, fmt.Errorf("SIDECAR_HTTP_ADDR: %w", err)
 	}
 	hl := s.httpListener(raw, cfg, openFiles)
+	httpLn, err := tlsconfig.Listener(hl, cfg.HTTPTLS, tlsconfig.Options{Logger: log}, "http/1.1")
+	if err != nil {
+		gl.Close()
+		hl.Close()
+		return nil, err
+	}
 	s.GRPCAddr, s.HTTPAddr = gl.Addr(), hl.Addr()
 	mux := http.NewServeMux()
 	mux.Handle("/", ops.Handler(s.Metrics.Registry, s.readiness, s.debugCounter))
 	mux.HandleFunc(rlsapi.JSONPath, rlsAPI.JSON)
+	mux.HandleFunc(rlsapi.ConfigPath, rlsAPI.RulesText)
 	s.http = s.httpServer(hl, forwardauth.New(az.Verdict, cfg.TrustedProxies, log, s.Metrics.Registry), mux)
 	s.wg.Go(func() {
 		if err := s.grpc.Serve(gl); err != nil {
@@ -202,7 +220,7 @@ func Start(cfg *config.Config, o Options) (*Sidecar, error) {
 		}
 	})
 	s.wg.Go(func() {
-		if err := s.http.Serve(hl); err != nil {
+		if err := s.http.Serve(httpLn); err != nil {
 			s.errc <- fmt.Errorf("HTTP server: %w", err)
 		}
 	})
@@ -227,6 +245,17 @@ func GRPCServerOptions() []grpc.ServerOption {
 	}
 }
 
+// connectionAge is GRPC_MAX_CONNECTION_AGE and its grace, as the reference sets them: a
+// connection older than the age (give or take 10 %, grpc-go's jitter) is sent a GOAWAY,
+// so that the clients of a shared deployment move to new replicas; the calls in flight
+// then have the grace to finish before it is closed.
+func connectionAge(cfg *config.Config) grpc.ServerOption {
+	return grpc.KeepaliveParams(keepalive.ServerParameters{
+		MaxConnectionAge:      cfg.GRPCMaxConnectionAge,
+		MaxConnectionAgeGrace: cfg.GRPCMaxConnectionAgeGrace,
+	})
+}
+
 // tuning are the options of the sidecar's gRPC server beyond GRPCServerOptions, kept
 // because the bench rls load test measured them faster: stream workers, so that a
 // Check or ShouldRateLimit runs on a goroutine that already has the stack it needs,
@@ -235,6 +264,20 @@ func GRPCServerOptions() []grpc.ServerOption {
 // goroutine, as without them.
 func tuning() []grpc.ServerOption {
 	return []grpc.ServerOption{grpc.NumStreamWorkers(uint32(32 * runtime.GOMAXPROCS(0)))}
+}
+
+// grpcCredentials are the gRPC server's options for TLS on its port (none for plain
+// text): the certificates of f, re-read when they change, and at most 10 s for a
+// client's handshake.
+func grpcCredentials(f *tlsconfig.ServerFiles, log *slog.Logger) ([]grpc.ServerOption, error) {
+	if f == nil {
+		return nil, nil
+	}
+	t, err := tlsconfig.NewServer(f, tlsconfig.Options{Logger: log}, "h2")
+	if err != nil {
+		return nil, err
+	}
+	return []grpc.ServerOption{grpc.Creds(credentials.NewTLS(t.Config())), grpc.ConnectionTimeout(10 * time.Second)}, nil
 }
 
 // Err reports a server that stopped on its own.
@@ -253,10 +296,18 @@ func (s *Sidecar) readiness() (bool, map[string]any) {
 		d["cluster_members"] = s.Cluster.MemberNames()
 		d["cluster_size"] = s.Cluster.Members()
 	}
+	ready := s.serving.Load()
+	if s.rlsXDS != nil {
+		// Ready once the xDS server's rules are applied; an outage of the server later
+		// keeps them, and the sidecar ready.
+		st := s.rlsXDS.Status()
+		d["rls_xds"] = st
+		ready = ready && st.Applied
+	}
 	// A database outage does not make the sidecar unready: it keeps deciding with
 	// cached values and defaults, which is better than taking every node out of service.
 	// Nor does being alone in a cluster: a node that starts first serves on its own.
-	return s.serving.Load(), d
+	return ready, d
 }
 
 // debugCounter shows one counter: this node's count and, in a cluster, every origin's.

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/converger/edge/bench/authzload"
+	"github.com/converger/edge/bench/benchtls"
 	"github.com/converger/edge/bench/clusterload"
 	"github.com/converger/edge/bench/coreload"
 	"github.com/converger/edge/bench/noop"
@@ -32,6 +33,7 @@ type command struct {
 var commands = []command{
 	{"authz", "load-test the sidecar's ext_authz Check against a no-op server (throughput, p50, p99, ratios)", runAuthz},
 	{"cluster", "sidecar clusters: allowed per window against the limit, and sync traffic, by cluster size, sync interval and share mode", runCluster},
+	{"cluster-scale", "what replication costs each node as the cluster grows: CPU, traffic, checks served and refused per node at N = 1, 3, 10, 20, against a baseline binary", runClusterScale},
 	{"core", "activity POSTs through the core against pgx inserting the same rows directly (throughput, p50, p99, ratios)", runCore},
 	{"forward-auth", "load-test the sidecar's HTTP forward-auth check against a no-op HTTP handler, and Caddy and nginx with the check against without it", runForwardAuth},
 	{"rls", "load-test the sidecar's rate limit service (ShouldRateLimit) against a no-op server: hot key, many keys, keys over limit", runRLS},
@@ -92,6 +94,9 @@ type loadTest struct {
 	validate func(fs *flag.FlagSet, args []string) error
 	run      func(ctx context.Context) (missed bool, err error)
 	outputs  map[string]*string
+	// mutualTLS offers -mtls: the gRPC connections to the sidecar and the no-op over
+	// mutual TLS (bench/benchtls).
+	mutualTLS bool
 }
 
 // resultsDir holds the committed figures; a run writes there only with -update-results.
@@ -103,8 +108,20 @@ func runLoad(ctx context.Context, name string, args []string, t loadTest) int {
 	fs := flag.NewFlagSet("bench "+name, flag.ContinueOnError)
 	t.flags(fs)
 	update := fs.Bool("update-results", false, "write the report into "+resultsDir+" (the committed figures) instead of a new folder under bench/out/")
+	var mtls *bool
+	if t.mutualTLS {
+		mtls = fs.Bool("mtls", false, "the gRPC connections to the sidecar and to the no-op over mutual TLS, with certificates made for the run")
+	}
 	if code, done := parse(fs, args); done {
 		return code
+	}
+	if mtls != nil && *mtls {
+		cleanup, err := benchtls.Enable()
+		if err != nil {
+			fmt.Fprintf(os.Stderr, "bench %s: %v\n", name, err)
+			return 1
+		}
+		defer cleanup()
 	}
 	if err := t.validate(fs, args); err != nil {
 		fmt.Fprintf(os.Stderr, "bench %s: %v\n", name, err)
@@ -153,10 +170,14 @@ func runAuthzLoad(ctx context.Context, name string, args []string, cfg authzload
 			return cfg.Validate()
 		},
 		run: func(ctx context.Context) (bool, error) {
+			if cfg.Overload.Enabled {
+				return false, authzload.RunOverload(ctx, cfg, os.Stdout, os.Stderr)
+			}
 			rep, err := authzload.Run(ctx, cfg, os.Stdout, os.Stderr)
 			return err == nil && cfg.Strict && !rep.Pass, err
 		},
-		outputs: map[string]*string{"out": &cfg.Out},
+		outputs:   map[string]*string{"out": &cfg.Out, "overload-out": &cfg.Overload.Out},
+		mutualTLS: true,
 	})
 }
 
@@ -176,6 +197,25 @@ func runCluster(ctx context.Context, name string, args []string) int {
 			return err == nil && cfg.Strict && !(rep.AimPass && rep.SinglePass), err
 		},
 		outputs: map[string]*string{"out": &cfg.Out, "plot": &cfg.Plot},
+	})
+}
+
+func runClusterScale(ctx context.Context, name string, args []string) int {
+	cfg := clusterload.DefaultScaleConfig()
+	return runLoad(ctx, name, args, loadTest{
+		flags: cfg.RegisterFlags,
+		validate: func(fs *flag.FlagSet, args []string) error {
+			set := map[string]bool{}
+			fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+			cfg.ApplyQuick(set)
+			cfg.Args = args
+			return cfg.Validate()
+		},
+		run: func(ctx context.Context) (bool, error) {
+			_, err := clusterload.RunScale(ctx, cfg, os.Stdout, os.Stderr)
+			return false, err
+		},
+		outputs: map[string]*string{"out": &cfg.Out},
 	})
 }
 
@@ -220,10 +260,14 @@ func runRLS(ctx context.Context, name string, args []string) int {
 			return cfg.Validate()
 		},
 		run: func(ctx context.Context) (bool, error) {
+			if cfg.Overload.Enabled {
+				return false, rlsload.RunOverload(ctx, cfg, os.Stdout, os.Stderr)
+			}
 			rep, err := rlsload.Run(ctx, cfg, os.Stdout, os.Stderr)
 			return err == nil && cfg.Strict && !rep.Pass, err
 		},
-		outputs: map[string]*string{"out": &cfg.Out},
+		mutualTLS: true,
+		outputs:   map[string]*string{"out": &cfg.Out, "overload-out": &cfg.Overload.Out},
 	})
 }
 

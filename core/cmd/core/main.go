@@ -36,6 +36,8 @@ import (
 	"github.com/converger/edge/shared/netlimit"
 	"github.com/converger/edge/shared/ops"
 	"github.com/converger/edge/shared/pgguard"
+	"github.com/converger/edge/shared/tlsconfig"
+	"github.com/converger/edge/shared/tracing"
 )
 
 // serviceUsage explains serve and migrate, whose flags are only -h and --version.
@@ -85,7 +87,16 @@ func main() {
 
 	switch os.Args[1] {
 	case "serve":
+		// Traces (OTLP) only when OTEL_EXPORTER_OTLP_ENDPOINT is set; flushed on the way out.
+		var stopTracing func(context.Context) error
+		if stopTracing, err = tracing.SetupFromEnv(ctx, "converger-core"); err != nil {
+			fmt.Fprintf(os.Stderr, "core: invalid configuration: %v\n", err)
+			os.Exit(2)
+		}
 		err = serve(ctx, cfg, log)
+		flush, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		_ = stopTracing(flush)
+		cancel()
 	case "migrate":
 		err = migrate(ctx, cfg)
 	}
@@ -137,7 +148,11 @@ func serve(ctx context.Context, cfg *config.Config, log *slog.Logger) error {
 	var middleware []fiber.Handler
 	var checker *authzcheck.Checker
 	if cfg.AuthzAddr != "" {
-		if checker, err = authzcheck.New(authzcheck.Options{Addr: cfg.AuthzAddr, Logger: log, FailClosed: !cfg.AuthzFailOpen}); err != nil {
+		authzTLS, err := tlsconfig.ClientConfig(cfg.AuthzTLS, tlsconfig.Options{Logger: log})
+		if err != nil {
+			return err
+		}
+		if checker, err = authzcheck.New(authzcheck.Options{Addr: cfg.AuthzAddr, TLS: authzTLS, Logger: log, FailClosed: !cfg.AuthzFailOpen}); err != nil {
 			return err
 		}
 		defer checker.Close()
@@ -187,6 +202,15 @@ func serve(ctx context.Context, cfg *config.Config, log *slog.Logger) error {
 		ReadTimeout:    b.ReadTimeout,
 		WriteTimeout:   b.WriteTimeout,
 		IdleTimeout:    b.IdleTimeout,
+
+		BodyBudgetMB:              b.BodyBudgetMB,
+		BodyBudgetPerIPMB:         b.BodyBudgetPerIPMB,
+		BodyMinRate:               b.BodyMinRate,
+		MaxStreamsPerToken:        b.MaxStreamsPerToken,
+		MaxStreamsPerConversation: b.MaxStreamsPerConversation,
+		MaxSocketsPerIP:           b.MaxSocketsPerIP,
+		ClientIP:                  cfg.TrustedProxies,
+		Credentialed:              cons.Credentialed,
 	})
 	go listener.Run(bg)
 	go st.RunInboundSignaturePurge(bg, time.Minute, log)
@@ -208,6 +232,11 @@ func serve(ctx context.Context, cfg *config.Config, log *slog.Logger) error {
 			ln.SetActive(c)
 		}
 	}
+	apiLn, err := tlsconfig.Listener(ln, cfg.TLS, tlsconfig.Options{Logger: log}, "http/1.1")
+	if err != nil {
+		ln.Close()
+		return err
+	}
 	opsLn, err := net.Listen("tcp", cfg.OpsAddr)
 	if err != nil {
 		ln.Close()
@@ -222,6 +251,12 @@ func serve(ctx context.Context, cfg *config.Config, log *slog.Logger) error {
 	}
 	// A scraper or a probe needs few connections; the ops address is loopback by default.
 	opsGuard := netlimit.Wrap(opsLn, netlimit.Options{MaxConns: 64, Refuse: netlimit.RefuseHTTP, Logger: log, Name: "CORE_OPS_ADDR"})
+	opsServeLn, err := tlsconfig.Listener(opsGuard, cfg.OpsTLS, tlsconfig.Options{Logger: log}, "http/1.1")
+	if err != nil {
+		ln.Close()
+		opsLn.Close()
+		return err
+	}
 	opsSrv.ConnState = func(c net.Conn, state http.ConnState) {
 		switch state {
 		case http.StateIdle:
@@ -232,14 +267,14 @@ func serve(ctx context.Context, cfg *config.Config, log *slog.Logger) error {
 	}
 
 	errc := make(chan error, 2)
-	go func() { errc <- fmt.Errorf("CORE_ADDR %s: %w", cfg.Addr, app.Listener(ln)) }()
+	go func() { errc <- fmt.Errorf("CORE_ADDR %s: %w", cfg.Addr, app.Listener(apiLn)) }()
 	go func() {
-		if err := opsSrv.Serve(opsGuard); !errors.Is(err, http.ErrServerClosed) {
+		if err := opsSrv.Serve(opsServeLn); !errors.Is(err, http.ErrServerClosed) {
 			errc <- fmt.Errorf("CORE_OPS_ADDR %s: %w", cfg.OpsAddr, err)
 		}
 	}()
 	log.Info("core started", "addr", ln.Addr().String(), "ops_addr", opsLn.Addr().String(), "public_url", cfg.PublicURL,
-		"open_files", openFiles, "max_conns", maxConns, "max_conns_per_ip", b.MaxConnsPerIP, "max_in_flight", b.MaxInFlight, "cors_origins", cfg.CORSOrigins)
+		"tls", cfg.TLS != nil, "ops_tls", cfg.OpsTLS != nil, "open_files", openFiles, "max_conns", maxConns, "max_conns_per_ip", b.MaxConnsPerIP, "max_in_flight", b.MaxInFlight, "cors_origins", cfg.CORSOrigins)
 	select {
 	case err := <-errc:
 		return err
@@ -257,7 +292,11 @@ func serve(ctx context.Context, cfg *config.Config, log *slog.Logger) error {
 // resets and the legacy WebSocket's activities.
 func limiter(cfg *config.Config, log *slog.Logger) (login.Limiter, *limiterclient.Client, func(), error) {
 	if cfg.LimiterAddr != "" {
-		client, err := limiterclient.New(cfg.LimiterAddr)
+		tlsCfg, err := tlsconfig.ClientConfig(cfg.LimiterTLS, tlsconfig.Options{Logger: log})
+		if err != nil {
+			return nil, nil, nil, err
+		}
+		client, err := limiterclient.New(cfg.LimiterAddr, limiterclient.WithTLS(tlsCfg))
 		if err != nil {
 			return nil, nil, nil, fmt.Errorf("LIMITER_ADDR: %w", err)
 		}

@@ -3,6 +3,7 @@ package main_test
 import (
 	"bytes"
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
@@ -67,6 +68,9 @@ func TestMain(m *testing.M) {
 type proc struct {
 	t   *testing.T
 	env map[string]string
+	// tls is the configuration of start's requests to ports on TLS (CORE_TLS_*,
+	// CORE_OPS_TLS_*): the CA to trust and the client certificate to present.
+	tls *tls.Config
 }
 
 func newProc(t *testing.T, env map[string]string) *proc {
@@ -263,7 +267,8 @@ func (p *proc) serve(t *testing.T) string {
 // served is a running `core serve`.
 type served struct {
 	t         *testing.T
-	base, ops string // http://CORE_ADDR, http://CORE_OPS_ADDR
+	base, ops string // http://CORE_ADDR, http://CORE_OPS_ADDR (https:// on TLS)
+	client    *http.Client
 	cmd       *exec.Cmd
 	logs      *lockedBuffer
 	done      chan struct{} // closed when the process has exited, waitErr set
@@ -300,8 +305,17 @@ func (p *proc) start(t *testing.T, wrap ...string) *served {
 	args := append(append([]string(nil), wrap...), binary, "serve")
 	cmd := exec.Command(args[0], args[1:]...)
 	cmd.Env = sp.environ()
-	s := &served{t: t, base: "http://" + env["CORE_ADDR"], ops: "http://" + env["CORE_OPS_ADDR"], cmd: cmd,
-		logs: &lockedBuffer{}, done: make(chan struct{})}
+	scheme := func(tlsVar string) string {
+		if env[tlsVar] != "" {
+			return "https://"
+		}
+		return "http://"
+	}
+	s := &served{t: t, base: scheme("CORE_TLS_CERT_FILE") + env["CORE_ADDR"], ops: scheme("CORE_OPS_TLS_CERT_FILE") + env["CORE_OPS_ADDR"], cmd: cmd,
+		logs: &lockedBuffer{}, done: make(chan struct{}), client: http.DefaultClient}
+	if p.tls != nil {
+		s.client = &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{TLSClientConfig: p.tls}}
+	}
 	cmd.Stdout, cmd.Stderr = s.logs, s.logs
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
@@ -322,7 +336,7 @@ func (p *proc) start(t *testing.T, wrap ...string) *served {
 	})
 	deadline := time.Now().Add(30 * time.Second)
 	for {
-		resp, err := http.Get(s.base + "/api/v1/conversations/x")
+		resp, err := s.client.Get(s.base + "/api/v1/conversations/x")
 		if err == nil {
 			resp.Body.Close()
 			return s

@@ -144,7 +144,7 @@ func metric(t *testing.T, ops, name string, labels ...string) float64 {
 	t.Helper()
 	a := send("GET", ops+"/metrics", nil, nil, 5*time.Second)
 	if a.err != nil || a.status != 200 {
-		t.Fatalf("/metrics: %v %d", a.err, a.status)
+		t.Fatalf("/metrics: %v %d %.500s", a.err, a.status, a.body)
 	}
 	for line := range strings.SplitSeq(string(a.body), "\n") {
 		if !strings.HasPrefix(line, name) || (len(line) > len(name) && line[len(name)] != '{' && line[len(name)] != ' ') {

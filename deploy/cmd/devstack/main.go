@@ -35,6 +35,8 @@ import (
 	"github.com/converger/edge/shared/cmdline"
 	"github.com/converger/edge/shared/pgserver"
 	"github.com/converger/edge/shared/token"
+
+	"github.com/converger/edge/shared/testpki"
 )
 
 const dataDir = ".data"
@@ -67,21 +69,25 @@ management commands) and ./.data/demo-credentials. Ctrl-C stops everything.
 Environment: CORE_ADDR (127.0.0.1:8080), SIDECAR_GRPC_ADDR (127.0.0.1:8081),
 SIDECAR_HTTP_ADDR (127.0.0.1:8082), PUBLIC_URL, DATABASE_URL, LOG_FORMAT (text), and
 the core's ADMIN_EMAIL and ADMIN_PASSWORD.
+
+-mtls puts the sidecar's gRPC port on mutual TLS with certificates made under ./.data/tls
+at each start, and the core's AUTHZ_ADDR and LIMITER_ADDR clients on it (docs/security.md).
 `
 
 func main() {
 	fs := flag.NewFlagSet("devstack", flag.ContinueOnError)
 	fs.Usage = func() { fmt.Fprint(fs.Output(), usage) }
+	mtls := fs.Bool("mtls", false, "the sidecar's gRPC port on mutual TLS, and the core's AUTHZ_ADDR and LIMITER_ADDR clients with it")
 	if code, exit := cmdline.Parse(fs, os.Args[1:], false, os.Stdout, os.Stderr); exit {
 		os.Exit(code)
 	}
-	if err := run(); err != nil {
+	if err := run(*mtls); err != nil {
 		fmt.Fprintf(os.Stderr, "devstack: %v\n", err)
 		os.Exit(1)
 	}
 }
 
-func run() error {
+func run(mtls bool) error {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
 	if err := os.MkdirAll(dataDir, 0o755); err != nil {
@@ -166,14 +172,20 @@ func run() error {
 		return err
 	}
 
+	var sidecarTLS, coreTLS []string
+	if mtls {
+		if sidecarTLS, coreTLS, err = devTLS(filepath.Join(dir, tlsDir)); err != nil {
+			return err
+		}
+	}
 	// The sidecar first: the core asks it about every request.
-	sidecar, err := start("sidecar", filepath.Join(binDir, "sidecar"), nil,
-		"SIDECAR_GRPC_ADDR="+grpcAddr,
-		"SIDECAR_HTTP_ADDR="+httpAddr,
-		"DATABASE_URL="+dbURL,
-		"TOKEN_VERIFY_KEYS="+signer.PublicKey(),
-		"LOG_FORMAT="+envOr("LOG_FORMAT", "text"),
-	)
+	sidecar, err := start("sidecar", filepath.Join(binDir, "sidecar"), nil, append([]string{
+		"SIDECAR_GRPC_ADDR=" + grpcAddr,
+		"SIDECAR_HTTP_ADDR=" + httpAddr,
+		"DATABASE_URL=" + dbURL,
+		"TOKEN_VERIFY_KEYS=" + signer.PublicKey(),
+		"LOG_FORMAT=" + envOr("LOG_FORMAT", "text"),
+	}, sidecarTLS...)...)
 	if err != nil {
 		return err
 	}
@@ -182,7 +194,7 @@ func run() error {
 	if err := waitReady(ctx, sidecar, "http://"+httpAddr+"/readyz", true); err != nil {
 		return err
 	}
-	core, err := start("core", filepath.Join(binDir, "core"), []string{"serve"}, []string{
+	core, err := start("core", filepath.Join(binDir, "core"), []string{"serve"}, append([]string{
 		"CORE_ADDR=" + coreAddr,
 		"CORE_OPS_ADDR=" + opsAddr,
 		"PUBLIC_URL=" + publicURL,
@@ -192,7 +204,7 @@ func run() error {
 		"AUTHZ_ADDR=" + grpcAddr,
 		"LIMITER_ADDR=" + grpcAddr,
 		"LOG_FORMAT=" + envOr("LOG_FORMAT", "text"),
-	}...)
+	}, coreTLS...)...)
 	if err != nil {
 		return err
 	}
@@ -440,6 +452,42 @@ type child struct {
 // start runs a binary with this environment plus env, in its own process group (a
 // Ctrl-C on the terminal reaches devstack only, which stops the children in order),
 // killed by the kernel if devstack dies. Its output goes to ours, each line prefixed.
+// tlsDir holds the certificates of -mtls, under the data directory.
+const tlsDir = "tls"
+
+// devTLS makes a development CA, a certificate for the sidecar (localhost) and one for
+// the core as its client (spiffe://converger.local/core, the only identity the sidecar
+// allows), in dir, anew at every start; and returns the variables of both.
+func devTLS(dir string) (sidecar, core []string, err error) {
+	const coreID = "spiffe://converger.local/core"
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return nil, nil, err
+	}
+	ca, err := testpki.NewCA("converger development CA")
+	if err != nil {
+		return nil, nil, err
+	}
+	server, err := ca.Issue(testpki.Localhost("sidecar"))
+	if err == nil {
+		err = ca.Write(server, dir, "sidecar")
+	}
+	var client *testpki.Pair
+	if err == nil {
+		if client, err = ca.Issue(testpki.Leaf{Name: "core", URIs: []string{coreID}}); err == nil {
+			err = ca.Write(client, dir, "core")
+		}
+	}
+	if err != nil {
+		return nil, nil, err
+	}
+	sidecar = []string{"SIDECAR_GRPC_TLS_CERT_FILE=" + server.CertFile, "SIDECAR_GRPC_TLS_KEY_FILE=" + server.KeyFile,
+		"SIDECAR_GRPC_TLS_CLIENT_CA_FILE=" + server.CAFile, "SIDECAR_GRPC_TLS_ALLOWED_CLIENTS=" + coreID}
+	for _, c := range []string{"AUTHZ_TLS", "LIMITER_TLS"} {
+		core = append(core, c+"_CA_FILE="+server.CAFile, c+"_CERT_FILE="+client.CertFile, c+"_KEY_FILE="+client.KeyFile, c+"_SERVER_NAME=localhost")
+	}
+	return sidecar, core, nil
+}
+
 func start(name, path string, args []string, env ...string) (*child, error) {
 	cmd := exec.Command(path, args...)
 	cmd.Env = append(os.Environ(), env...)

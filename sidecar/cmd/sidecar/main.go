@@ -4,16 +4,19 @@
 package main
 
 import (
+	"context"
 	"flag"
 	"fmt"
 	"log/slog"
 	"os"
 	"os/signal"
 	"syscall"
+	"time"
 
 	"github.com/converger/edge/shared/cmdline"
 	"github.com/converger/edge/shared/envfile"
 	"github.com/converger/edge/shared/gctune"
+	"github.com/converger/edge/shared/tracing"
 	"github.com/converger/edge/sidecar/config"
 	"github.com/converger/edge/sidecar/service"
 )
@@ -66,6 +69,12 @@ func main() {
 	// Go's default pacing it collects many times a second under load, in its answers'
 	// latency tail (bench rls, bench authz).
 	gctune.Start(uint64(cfg.GCHeadroomMB) << 20)
+	// Traces (OTLP) only when OTEL_EXPORTER_OTLP_ENDPOINT is set.
+	stopTracing, err := tracing.SetupFromEnv(context.Background(), "converger-sidecar")
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "sidecar: invalid configuration: %v\n", err)
+		os.Exit(2)
+	}
 	s, err := service.Start(cfg, service.Options{Logger: log})
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "sidecar: %v\n", err)
@@ -73,14 +82,24 @@ func main() {
 	}
 	sig := make(chan os.Signal, 1)
 	signal.Notify(sig, syscall.SIGINT, syscall.SIGTERM)
+	code := 0
 	select {
 	case <-sig:
 		s.Stop()
 	case err := <-s.Err():
 		s.Stop()
 		fmt.Fprintf(os.Stderr, "sidecar: %v\n", err)
-		os.Exit(1)
+		code = 1
 	}
+	flushTraces(stopTracing)
+	os.Exit(code)
+}
+
+// flushTraces sends the spans not sent yet, waiting at most 5 s.
+func flushTraces(stop func(context.Context) error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	_ = stop(ctx)
 }
 
 // checkConfig validates RATE_LIMIT_CONFIG and RLS_CONFIG_DIR, then the rest of the

@@ -59,6 +59,7 @@ var configVars = []string{"SIDECAR_", "DATABASE_URL", "RATE_LIMIT_", "CLUSTER_",
 // sidecar is a sidecar process.
 type sidecar struct {
 	t      *testing.T
+	bin    string // the build it runs
 	cmd    *exec.Cmd
 	stderr *logLines
 	done   chan struct{} // closed when the process has exited
@@ -75,10 +76,16 @@ func start(t *testing.T, env map[string]string) *sidecar {
 // when netns is "".
 func startIn(t *testing.T, netns string, env map[string]string) *sidecar {
 	t.Helper()
-	cmd := exec.Command(binary)
+	return startBinary(t, netns, binary, env)
+}
+
+// startBinary starts the sidecar binary bin (binary, or another release's).
+func startBinary(t *testing.T, netns, bin string, env map[string]string) *sidecar {
+	t.Helper()
+	cmd := exec.Command(bin)
 	if netns != "" {
 		// ip execs the sidecar in its own process: signals and Pdeathsig reach it.
-		cmd = exec.Command("ip", "netns", "exec", netns, binary)
+		cmd = exec.Command("ip", "netns", "exec", netns, bin)
 	}
 	for _, kv := range os.Environ() {
 		keep := true
@@ -94,7 +101,7 @@ func startIn(t *testing.T, netns string, env map[string]string) *sidecar {
 	for k, v := range env {
 		cmd.Env = append(cmd.Env, k+"="+v)
 	}
-	s := &sidecar{t: t, cmd: cmd, stderr: newLogLines(), done: make(chan struct{})}
+	s := &sidecar{t: t, bin: bin, cmd: cmd, stderr: newLogLines(), done: make(chan struct{})}
 	cmd.Stdout = io.Discard
 	cmd.Stderr = s.stderr
 	// The sidecar never outlives the test binary.

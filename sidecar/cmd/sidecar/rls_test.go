@@ -28,6 +28,7 @@ import (
 	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/mem"
@@ -42,12 +43,31 @@ type rlsNode struct {
 	t          *testing.T
 	grpcAddr   string
 	httpAddr   string
+	httpURL    string // http:// or https:// and httpAddr
 	conn       *grpc.ClientConn
 	rls        rlsv3.RateLimitServiceClient
 	httpClient *http.Client
+	tls        *portsTLS // nil in plain text
 }
 
 func startRLS(t *testing.T, env map[string]string) *rlsNode {
+	t.Helper()
+	return startRLSOver(t, plainText, env)
+}
+
+// startRLSOver starts a sidecar whose ports speak tr, with clients that do.
+func startRLSOver(t *testing.T, tr transport, env map[string]string) *rlsNode {
+	t.Helper()
+	var p *portsTLS
+	if tr == mutualTLS {
+		p = newPortsTLS(t)
+	}
+	return startRLSWith(t, p, env)
+}
+
+// startRLSWith starts a sidecar whose ports speak mutual TLS with p (plain text when
+// nil), with clients that do.
+func startRLSWith(t *testing.T, p *portsTLS, env map[string]string) *rlsNode {
 	t.Helper()
 	full := map[string]string{
 		"SIDECAR_GRPC_ADDR":            "127.0.0.1:0",
@@ -55,16 +75,28 @@ func startRLS(t *testing.T, env map[string]string) *rlsNode {
 		"LOG_FORMAT":                   "json",
 		"SIDECAR_TEST_CLOCK_OFFSET_MS": strconv.FormatInt(clockOffset(time.Hour), 10),
 	}
+	n := &rlsNode{t: t, httpClient: &http.Client{Timeout: 5 * time.Second}, tls: p}
+	if p != nil {
+		maps.Copy(full, n.tls.env)
+		n.httpClient.Transport = &http.Transport{TLSClientConfig: n.tls.client.Clone()}
+	}
 	maps.Copy(full, env)
-	s := start(t, full)
-	n := &rlsNode{sidecar: s, t: t, httpClient: &http.Client{Timeout: 5 * time.Second}}
-	n.grpcAddr, n.httpAddr = s.addrs(30 * time.Second)
+	n.sidecar = start(t, full)
+	n.grpcAddr, n.httpAddr = n.sidecar.addrs(30 * time.Second)
+	n.httpURL = "http://" + n.httpAddr
+	if n.tls != nil {
+		n.httpURL = "https://" + n.httpAddr
+	}
 	n.dial()
 	return n
 }
 
 func (n *rlsNode) dial() {
-	conn, err := grpc.NewClient(n.grpcAddr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	creds := insecure.NewCredentials()
+	if n.tls != nil {
+		creds = credentials.NewTLS(n.tls.client.Clone())
+	}
+	conn, err := grpc.NewClient(n.grpcAddr, grpc.WithTransportCredentials(creds))
 	if err != nil {
 		n.t.Fatal(err)
 	}
@@ -203,11 +235,16 @@ func writeRules(t *testing.T, files map[string]string) string {
 	return dir
 }
 
-// Every behaviour of RLS.md over gRPC, with a go-control-plane client.
+// Every behaviour of RLS.md over gRPC, with a go-control-plane client, in plain text
+// and over mutual TLS.
 func TestRLSShouldRateLimit(t *testing.T) {
 	t.Parallel()
+	overEachTransport(t, testRLSShouldRateLimit)
+}
+
+func testRLSShouldRateLimit(t *testing.T, tr transport) {
 	dir := writeRules(t, map[string]string{"shop.yaml": rulesShop, "beyond.yml": rulesBeyond, "README": "not read"})
-	n := startRLS(t, map[string]string{"RLS_CONFIG_DIR": dir, "RLS_RESPONSE_HEADERS": "true"})
+	n := startRLSOver(t, tr, map[string]string{"RLS_CONFIG_DIR": dir, "RLS_RESPONSE_HEADERS": "true"})
 
 	// Matching and counting: a counter per value, the value's own rule, the whitelist.
 	for i := range 3 {
@@ -293,7 +330,7 @@ func TestRLSShouldRateLimit(t *testing.T) {
 	n.want(n.ask("beyond", rd("job=j")), ok, "OK 2/HOUR")
 
 	// Per-rule metrics, labelled by rule, never by value.
-	m := scrape(t, n.httpAddr)
+	m := n.scrape()
 	for _, want := range []string{
 		`converger_rls_hits_total{domain="shop",rule="shop.client_id"} 12`,
 		`converger_rls_over_limit_total{domain="shop",rule="shop.client_id"} 5`,
@@ -352,7 +389,18 @@ func wantHeaders(t *testing.T, r *rlsv3.RateLimitResponse, limit, remaining stri
 
 func scrape(t *testing.T, httpAddr string) string {
 	t.Helper()
-	resp, err := http.Get("http://" + httpAddr + "/metrics")
+	return scrapeURL(t, http.DefaultClient, "http://"+httpAddr)
+}
+
+// scrape reads the node's /metrics with its client.
+func (n *rlsNode) scrape() string {
+	n.t.Helper()
+	return scrapeURL(n.t, n.httpClient, n.httpURL)
+}
+
+func scrapeURL(t *testing.T, client *http.Client, base string) string {
+	t.Helper()
+	resp, err := client.Get(base + "/metrics")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -367,7 +415,7 @@ func scrape(t *testing.T, httpAddr string) string {
 // postJSON posts body to /json and returns the status, the decoded body and the headers.
 func (n *rlsNode) postJSON(body []byte, header map[string]string) (int, map[string]any, http.Header) {
 	n.t.Helper()
-	req, err := http.NewRequest(http.MethodPost, "http://"+n.httpAddr+"/json", bytes.NewReader(body))
+	req, err := http.NewRequest(http.MethodPost, n.httpURL+"/json", bytes.NewReader(body))
 	if err != nil {
 		n.t.Fatal(err)
 	}
@@ -387,11 +435,16 @@ func (n *rlsNode) postJSON(body []byte, header map[string]string) (int, map[stri
 }
 
 // POST /json: the same decisions in protobuf's JSON mapping; 429 when over; clear 4xx
-// with the error envelope for everything that is not a request.
+// with the error envelope for everything that is not a request. In plain text and over
+// mutual TLS.
 func TestRLSJSON(t *testing.T) {
 	t.Parallel()
+	overEachTransport(t, testRLSJSON)
+}
+
+func testRLSJSON(t *testing.T, tr transport) {
 	dir := writeRules(t, map[string]string{"shop.yaml": rulesShop, "beyond.yaml": rulesBeyond})
-	n := startRLS(t, map[string]string{"RLS_CONFIG_DIR": dir, "RLS_RESPONSE_HEADERS": "true"})
+	n := startRLSOver(t, tr, map[string]string{"RLS_CONFIG_DIR": dir, "RLS_RESPONSE_HEADERS": "true"})
 	body := []byte(`{"domain":"shop","descriptors":[{"entries":[{"key":"client_id","value":"j1"}]},{"entries":[{"key":"client_id","value":"healthcheck"}]}]}`)
 	for i := range 3 {
 		code, out, _ := n.postJSON(body, nil)
@@ -444,7 +497,7 @@ func TestRLSJSON(t *testing.T) {
 			}
 		})
 	}
-	resp, err := n.httpClient.Get("http://" + n.httpAddr + "/json")
+	resp, err := n.httpClient.Get(n.httpURL + "/json")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,0 +1,62 @@
+package clusterload
+
+import (
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestScaleConfig(t *testing.T) {
+	c := DefaultScaleConfig()
+	if err := c.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	c.Quick = true
+	c.ApplyQuick(map[string]bool{"keys": true})
+	if len(c.Nodes) != 2 || c.Duration != 3*time.Second || len(c.Keys) != 2 {
+		t.Fatalf("quick: %+v", c)
+	}
+	for _, bad := range []func(*ScaleConfig){
+		func(c *ScaleConfig) { c.Nodes = intList{0} },
+		func(c *ScaleConfig) { c.Nodes = nil },
+		func(c *ScaleConfig) { c.Keys = intList{200_000} },
+		func(c *ScaleConfig) { c.RatePerNode = 0 },
+		func(c *ScaleConfig) { c.Duration = time.Hour },
+		func(c *ScaleConfig) { c.SyncMS = 1 },
+	} {
+		c := DefaultScaleConfig()
+		bad(&c)
+		if c.Validate() == nil {
+			t.Errorf("accepted %+v", c)
+		}
+	}
+}
+
+func TestScaleReport(t *testing.T) {
+	r := &ScaleReport{Config: DefaultScaleConfig()}
+	r.Config.Nodes = intList{1, 3, 20}
+	r.Config.Keys = intList{20}
+	for _, b := range []string{"base", "new"} {
+		for _, n := range []int{1, 3, 20} {
+			f := float64(n - 1)
+			if b == "new" {
+				f = 2
+			}
+			r.Rows = append(r.Rows, ScaleRow{Binary: b, Nodes: n, Keys: 20, CPU: 0.04 + 0.001*float64(n), Served: 200,
+				BytesOut: 1000 * f, BytesIn: 1000 * f, MsgsOut: 10 * f, MsgsIn: 10 * f})
+		}
+	}
+	var b strings.Builder
+	r.WriteMarkdown(&b)
+	out := b.String()
+	for _, want := range []string{
+		"| base | 20 | 20 | 0.060 |",
+		"| base | 20 | 9.50, 9.50; 9.50, 9.50 | +0.019 |", // 19 against 2
+		"| new | 20 | 1.00, 1.00; 1.00, 1.00 | +0.019 |",
+		"shared with other builds",
+	} {
+		if !strings.Contains(out, want) {
+			t.Errorf("the report lacks %q:\n%s", want, out)
+		}
+	}
+}

@@ -1,0 +1,89 @@
+package cluster
+
+import (
+	"sync"
+	"time"
+
+	"github.com/converger/edge/sidecar/limiter"
+)
+
+// Bounds of a node's departure (Stop).
+const (
+	// handoffTimeout bounds the final push of this node's counts to the live members.
+	handoffTimeout = 2 * time.Second
+	// leaveTimeout bounds memberlist's Leave: the time its departure takes to reach the
+	// others before the node stops answering probes.
+	leaveTimeout = time.Second
+)
+
+// Stop leaves the cluster and stops replicating. It first hands what this node counted
+// to the others: the sync loop is stopped, so the checks it counted since its last
+// flush would otherwise reach nobody, and a member that missed an earlier sync message
+// (UDP, best effort) would never hear of them once this node is gone. Every count of the
+// current windows it holds as its own goes to every live member over TCP (handoff), at
+// most handoffTimeout in all; then memberlist's Leave tells them it left, so they stop
+// counting it as a member at once rather than after the suspicion timeout.
+func (c *Cluster) Stop() {
+	c.stopOnce.Do(func() {
+		close(c.stop)
+		c.wg.Wait()
+		c.handoff(handoffTimeout)
+		if err := c.ml.Leave(leaveTimeout); err != nil {
+			c.log.Debug("leaving the cluster", "error", err)
+		}
+		_ = c.ml.Shutdown()
+	})
+}
+
+// handoff sends this node's own count of every counter of a current window to every
+// live member, over memberlist's reliable (TCP) path, in parallel, within timeout. A
+// member that does not take them in time is left: its state is then as after a lost
+// sync message, healed by its push/pulls with the others, which hold the same counts.
+func (c *Cluster) handoff(timeout time.Duration) {
+	peers := c.peers()
+	if len(peers) == 0 {
+		return
+	}
+	now := c.nowMS()
+	p := newPacker(now, c.origin, maxPacket)
+	keys := 0
+	c.lim.Each(func(k limiter.Key, s limiter.Snapshot) {
+		if s.Own > 0 && s.EndMS > now {
+			p.add(value{bucket: c.lim.BucketName(k.Bucket), id: k.ID, sizeMS: s.SizeMS, endMS: s.EndMS, count: s.Own})
+			keys++
+		}
+	})
+	msgs := p.messages()
+	if len(msgs) == 0 {
+		return
+	}
+	start := time.Now()
+	var sent sync.WaitGroup
+	var mu sync.Mutex
+	reached := 0
+	for _, n := range peers {
+		sent.Go(func() {
+			for _, msg := range msgs {
+				if err := c.ml.SendReliable(&n, msg); err != nil {
+					c.m.sendErrors.Inc()
+					return
+				}
+				c.m.messages.WithLabelValues("sent").Inc()
+				c.m.bytes.WithLabelValues("sent").Add(float64(len(msg)))
+			}
+			mu.Lock()
+			reached++
+			mu.Unlock()
+		})
+	}
+	done := make(chan struct{})
+	go func() { sent.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(timeout):
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	c.log.Info("counts handed to the members before leaving", "counters", keys, "messages", len(msgs),
+		"members", len(peers), "reached", reached, "took", time.Since(start).Round(time.Millisecond))
+}
