@@ -117,9 +117,13 @@ func (t *countingTransport) DialAddressTimeout(a memberlist.Address, timeout tim
 	return &countingConn{Conn: c, m: t.m}, nil
 }
 
+// Shutdown stops the listeners first, while the relays still drain what they hand
+// over: a listener blocked handing a packet to a relay that had already stopped would
+// never exit, and NetTransport.Shutdown waits for it.
 func (t *countingTransport) Shutdown() error {
+	err := t.NetTransport.Shutdown()
 	t.once.Do(func() { close(t.done) })
-	return t.NetTransport.Shutdown()
+	return err
 }
 
 // countingConn counts a stream's bytes both ways.
