@@ -91,7 +91,6 @@ type Cluster struct {
 	newestSentAt atomic.Int64
 	joined       atomic.Bool
 	stop         chan struct{}
-	kick         chan struct{} // a check the share-mode bound refused: flush early
 	wg           sync.WaitGroup
 	stopOnce     sync.Once
 	firstJoin    chan struct{} // closed after the first join attempt
@@ -139,7 +138,6 @@ func Start(cfg Config, lim *limiter.Limiter) (*Cluster, error) {
 		origin:    cfg.NodeName + "#" + hex.EncodeToString(inc[:]),
 		log:       cfg.Logger.With("node", cfg.NodeName),
 		stop:      make(chan struct{}),
-		kick:      make(chan struct{}, 1),
 		firstJoin: make(chan struct{}),
 		gone:      map[string]struct{}{},
 		members:   map[string]memberlist.Node{},
@@ -150,9 +148,6 @@ func Start(cfg Config, lim *limiter.Limiter) (*Cluster, error) {
 	}
 	c.slots = c.rep.slots
 	c.m = newMetrics(cfg.Registry, c.newestAge)
-	if cfg.ShareMode {
-		lim.OnBoundRefused(c.boundRefused)
-	}
 
 	mc := memberlist.DefaultLANConfig()
 	mc.Name = cfg.NodeName
@@ -396,12 +391,6 @@ func (c *Cluster) syncLoop() {
 		select {
 		case <-c.stop:
 			return
-		case <-c.kick:
-			if now := c.nowMS(); c.rep.early(now, c.cfg.SyncInterval.Milliseconds()) {
-				c.m.earlyFlushes.Inc()
-				c.flush(now)
-			}
-			continue
 		case <-t.C:
 		}
 		now := c.nowMS()
@@ -455,24 +444,6 @@ func (c *Cluster) flush(now int64) {
 	}
 }
 
-// boundRefused is told of a check share mode's bound refused below the limit: the
-// bound is made again if a node has become silent since it was made, and the sync loop
-// sends this node's demand at once, rather than at its next interval (early bounds how
-// often).
-func (c *Cluster) boundRefused(k limiter.Key) bool {
-	again := c.rep.replan(k, c.shareEnv(c.nowMS()))
-	if again {
-		c.m.replans.Inc()
-	} else {
-		c.m.boundRefusals.Inc()
-	}
-	select {
-	case c.kick <- struct{}{}:
-	default:
-	}
-	return again
-}
-
 // shareEnv is share mode's view of the membership at time now.
 func (c *Cluster) shareEnv(now int64) shareEnv {
 	c.membersMu.Lock()
@@ -482,7 +453,7 @@ func (c *Cluster) shareEnv(now int64) shareEnv {
 	}
 	c.membersMu.Unlock()
 	return shareEnv{
-		now: now, intervalMS: max(c.cfg.SyncInterval.Milliseconds(), 1), lagMS: c.rep.lag.Load(),
+		now: now, intervalMS: max(c.cfg.SyncInterval.Milliseconds(), 1),
 		live: func(name string) bool { return live[name] }, members: max(len(live), 1),
 	}
 }

@@ -18,11 +18,6 @@ type metrics struct {
 	transferBytes *prometheus.CounterVec // direction
 	transferCut   prometheus.Counter
 	capped        prometheus.Counter
-	// Share mode's bound refusing below the limit (boundRefused): the checks it
-	// refused, the plans made again for them, and the flushes made early to tell.
-	boundRefusals prometheus.Counter
-	replans       prometheus.Counter
-	earlyFlushes  prometheus.Counter
 	// The directions of messages and bytes, resolved once: every packet counts them.
 	msgSent, msgRecv, bytesSent, bytesRecv prometheus.Counter
 }
@@ -55,20 +50,11 @@ func newMetrics(reg prometheus.Registerer, newestAge func() float64) *metrics {
 			Name: "converger_cluster_state_transfer_truncated_total", Help: "State transfers cut at the size limit (the rest follows by sync)."}),
 		capped: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "converger_cluster_share_mode_caps_total", Help: "Times share mode bounded a counter's share for one interval."}),
-		boundRefusals: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "converger_cluster_share_mode_bound_refusals_total",
-			Help: "Checks share mode's bound refused while the count known here was below the limit (the others held the rest)."}),
-		replans: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "converger_cluster_share_mode_replans_total",
-			Help: "Checks refused by a bound that was then made again, because a node had become idle since, and tried once more."}),
-		earlyFlushes: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "converger_cluster_share_mode_early_flushes_total",
-			Help: "Syncs sent out of turn to tell the others of a check the bound refused (at most one per interval)."}),
 	}
 	m.msgSent, m.msgRecv = m.messages.WithLabelValues("sent"), m.messages.WithLabelValues("received")
 	m.bytesSent, m.bytesRecv = m.bytes.WithLabelValues("sent"), m.bytes.WithLabelValues("received")
 	reg.MustRegister(m.members, m.messages, m.bytes, m.sendErrors, m.malformed, m.keysPerFlush, m.mergeLag,
-		m.stale, m.transfers, m.transferBytes, m.transferCut, m.capped, m.boundRefusals, m.replans, m.earlyFlushes,
+		m.stale, m.transfers, m.transferBytes, m.transferCut, m.capped,
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "converger_cluster_newest_remote_value_age_seconds",
 			Help: "Age of the newest value received from another node (merge lag); -1 before the first."}, newestAge))

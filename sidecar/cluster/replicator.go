@@ -2,8 +2,6 @@ package cluster
 
 import (
 	"slices"
-	"sync"
-	"sync/atomic"
 
 	"github.com/converger/edge/sidecar/limiter"
 )
@@ -17,14 +15,6 @@ type replicator struct {
 	slots  *slots
 	share  bool
 	resend []limiter.Key // sent in the last flush, sent once more in the next
-	// shareMu serializes share mode's plans: the flush's, and one made again on a
-	// check its bound refused (replan).
-	shareMu sync.Mutex
-	// Flushes made early for a refused check (early): the last flush and early one.
-	lastFlush, lastEarly atomic.Int64
-	// lag is how late the others' sync messages have been arriving, in ms: the
-	// latest lag when it is higher, else decaying towards it.
-	lag atomic.Int64
 	// merged, when set, is told of every value of another node merged here (the live
 	// view's busy keys).
 	merged func(value)
@@ -60,11 +50,8 @@ func (r *replicator) flush(env shareEnv) flushResult {
 			touched[k] = struct{}{}
 			changed[k] = struct{}{}
 		}
-		r.shareMu.Lock()
 		res.capped, bounds = r.slots.shareTick(touched, changed, env)
-		r.shareMu.Unlock()
 	}
-	r.lastFlush.Store(env.now)
 	sent := make(map[limiter.Key]struct{}, len(keys)+len(r.resend)+len(bounds))
 	for i, k := range slices.Concat(bounds, keys, r.resend) {
 		if _, dup := sent[k]; dup {
@@ -96,50 +83,6 @@ func (r *replicator) flush(env shareEnv) flushResult {
 	return res
 }
 
-// replan makes k's plan again at env.now if it is due (a node of its view has become
-// silent since the last plan, so what it held is free), for a check the bound refused.
-// It reports whether it did: the check is then tried once more.
-func (r *replicator) replan(k limiter.Key, env shareEnv) bool {
-	if !r.share || !r.slots.due(k, env.now) {
-		return false
-	}
-	r.shareMu.Lock()
-	defer r.shareMu.Unlock()
-	if !r.slots.due(k, env.now) {
-		return false // made again meanwhile
-	}
-	r.slots.shareTick(map[limiter.Key]struct{}{k: {}}, map[limiter.Key]struct{}{k: {}}, env)
-	return true
-}
-
-// early reports whether a flush may be made now, out of turn, to tell the others of
-// a check the bound refused: at most one between two flushes of the interval, and
-// not within a tenth of an interval of the last flush, so that a flood of refused
-// checks adds at most one message per interval.
-func (r *replicator) early(now, intervalMS int64) bool {
-	if now-r.lastFlush.Load() < max(intervalMS/10, 1) || now-r.lastEarly.Load() < intervalMS {
-		return false
-	}
-	r.lastEarly.Store(now)
-	return true
-}
-
-// noteLag notes the lag of a message just received: share mode waits that much longer
-// before it takes another node to be silent.
-func (r *replicator) noteLag(ms int64) {
-	ms = min(max(ms, 0), 10_000)
-	for {
-		old := r.lag.Load()
-		lag := ms
-		if ms < old {
-			lag = old - (old-ms+7)/8
-		}
-		if r.lag.CompareAndSwap(old, lag) {
-			return
-		}
-	}
-}
-
 // windowEnd is the end of the window of sizeMS holding now.
 func windowEnd(now, sizeMS int64) int64 {
 	return (now/max(sizeMS, 1) + 1) * max(sizeMS, 1)
@@ -153,7 +96,6 @@ func (r *replicator) receive(m message, direct bool, now int64) (dropped int) {
 	}
 	if direct {
 		r.slots.sawDirect(m.origin)
-		r.noteLag(now - m.sentAt)
 	}
 	for _, v := range m.values {
 		switch r.slots.merge(m.origin, v, m.sentAt, now) {

@@ -25,22 +25,10 @@ import (
 //
 // A node that is the only one with demand on a key (the others idle in this window and
 // the last, as their reports say) is not bound and gets the whole limit; the others then
-// set aside for it all it is projected to need. A member that left, or an earlier
-// incarnation of a restarted one, keeps its count in the total but is given nothing more.
-//
-// No refusal below the limit: a node's claim is set aside only while its demand grows.
-// Once it has not grown for silentIntervals (as the node's reports say, the same moment
-// on every node) the node holds only its count, and a node whose own demand is not
-// growing may take all that nobody holds, however small: the first to ask gets it,
-// whatever the order of the names. A bound node's demand is projected only needHorizon
-// intervals ahead, since it makes its bound again every interval while it grows. The
-// plans are made again when a node falls silent (sharePlan.recheckAt), even with nothing
-// heard; a check the bound refuses below the limit makes a plan that is due at once and
-// is tried again with it, and the node sends its demand at once rather than at its next
-// interval (at most one early flush per interval, so a flood of refusals is no storm of
-// messages). The trade: nodes that all wake within one sync interval after the others
-// fell silent may together take what was left more than once.
-
+// set aside for it all it is projected to need. A node the others do not know as busy
+// yet gets only the headroom until its demand is reported and the busy ones make room
+// (a sync interval or two). A member that left, or an earlier incarnation of a
+// restarted one, keeps its count in the total but is given nothing more.
 //
 // What share mode cannot bound: the first window of a key that no node counted in the
 // window before (every node sees itself alone, as without share mode), and demand that
@@ -56,9 +44,6 @@ const (
 	// it counted or refused at each interval): it keeps what it counted and gives the
 	// rest of its bound back.
 	silentIntervals = 2
-	// needHorizon is how far ahead, in sync intervals, the demand of a node bound by
-	// share mode is projected (need).
-	needHorizon = silentIntervals + 1
 	// releaseShare is the part of the limit a bound must fall by for the node to send
 	// it at once, so that the others can take it.
 	releaseShare = 16
@@ -89,7 +74,6 @@ type shareView struct {
 	startMS    int64 // the current window's start
 	sizeMS     int64
 	intervalMS int64 // the sync interval
-	lagMS      int64 // how late the others' messages have been arriving
 	limit      int64
 	members    int // live members, this node included
 	self       shareNode
@@ -106,19 +90,15 @@ type sharePlan struct {
 	cur, next             int64
 	curCapped, nextCapped bool
 	send                  bool
-	// recheckAt is when the plan is to be made again though nothing was heard or
-	// counted (0: not before something is): when a node's demand will have stopped
-	// growing for silentIntervals, and what it held is free.
-	recheckAt int64
 }
 
 // active reports demand in the current window or the one before.
 func (n shareNode) active() bool { return n.demand > 0 || n.prevDemand > 0 }
 
 // held is what the node may have counted in the current window: its claim when it is
-// a live member bound by share mode whose demand is still growing, else its count.
-func (v shareView) held(n shareNode) int64 {
-	if n.live && n.capped && n.claimed && v.growing(n) {
+// a live member bound by share mode, else its count.
+func (n shareNode) held() int64 {
+	if n.live && n.capped && n.claimed {
 		return max(n.count, n.claim)
 	}
 	return n.count
@@ -141,67 +121,17 @@ func (v shareView) rate(n shareNode) float64 {
 
 // silent reports a node whose demand has not grown for silentIntervals.
 func (v shareView) silent(n shareNode) bool {
-	return v.now >= v.silentAt(n)
-}
-
-// silentAt is when the node will be silent if its demand does not grow again. Another
-// node's is later by how late its messages have been arriving: a count still on its
-// way must not be taken for room.
-func (v shareView) silentAt(n shareNode) int64 {
-	at := max(n.grewAt, v.startMS) + silentIntervals*v.intervalMS
-	if n.name != v.self.name {
-		at += v.lagMS
-	}
-	return at
-}
-
-// growing reports a live node with demand in this window or the last that is not
-// silent: what it holds is set aside for it. A silent node holds only its count.
-func (v shareView) growing(n shareNode) bool {
-	return n.live && n.active() && !v.silent(n)
-}
-
-// recheckAt is the next moment a node of the view becomes silent with nothing heard:
-// one growing now, or one with demand in this window at the next window's start (it is
-// growing there until silentIntervals into it); 0: none.
-func (v shareView) recheckAt() int64 {
-	at := int64(0)
-	soonest := func(t int64) {
-		if t > v.now && (at == 0 || t < at) {
-			at = t
-		}
-	}
-	for _, n := range append([]shareNode{v.self}, v.peers...) {
-		if !n.live {
-			continue
-		}
-		if v.growing(n) {
-			soonest(v.silentAt(n))
-		}
-		if n.demand > 0 {
-			soonest(v.startMS + v.sizeMS + silentIntervals*v.intervalMS)
-		}
-	}
-	return at
+	return v.now-max(n.grewAt, v.startMS) >= silentIntervals*v.intervalMS
 }
 
 // need is the count the node is projected to reach in the current window: its count
 // and, with the margin, its demand until the window ends; only its count once it is
 // silent.
-//
-// A node bound by share mode is projected only as far as its next plans: what it holds
-// is its bound, which it makes again every interval while its demand grows, and gives
-// back once it falls silent; holding more would keep from a node that asks now what
-// this one would use only later, if ever. A node that is not bound counts regardless,
-// so all it may need until the window ends is set aside for it.
 func (v shareView) need(n shareNode) int64 {
 	if v.silent(n) {
 		return n.count
 	}
 	left := max(v.startMS+v.sizeMS-n.at, 0)
-	if n.capped || n.name == v.self.name {
-		left = min(left, needHorizon*v.intervalMS)
-	}
 	return n.count + v.ceil(v.rate(n)*float64(left)*needMargin)
 }
 
@@ -224,7 +154,6 @@ func (v shareView) plan() sharePlan {
 	if v.limit <= 0 {
 		return p
 	}
-	p.recheckAt = v.recheckAt()
 	busy := 0 // live peers with demand in this window or the last
 	for _, n := range v.peers {
 		if n.live && n.active() {
@@ -239,11 +168,7 @@ func (v shareView) plan() sharePlan {
 		// they know of it; a small fall is not worth a message, and the node keeps its
 		// bound instead, so that its view and theirs stay the same. A node that is not
 		// busy is set aside only as headroom.
-		if c := v.self; !c.claimed && c.active() && !v.sending {
-			// Newly bound (it was alone with demand, or new to the key): the others
-			// set aside all it was projected to need until they know.
-			p.send = true
-		} else if c.claimed && c.active() && !v.sending {
+		if c := v.self; c.claimed && c.active() && !v.sending {
 			switch {
 			case p.cur > c.claim:
 				p.send = true
@@ -286,9 +211,9 @@ func (v shareView) bound() int64 {
 	budget := v.limit - keep
 	cs := []claimant{{name: v.self.name, unmet: max(need-keep, 0), capped: true}}
 	for _, n := range v.peers {
-		held := v.held(n)
+		held := n.held()
 		capped := n.capped
-		if v.growing(n) && !n.claimed {
+		if n.live && n.active() && !n.claimed {
 			// No value of this window from it yet: it holds the bound it set before the
 			// window began, if it runs share mode and someone else was busy in the
 			// last window.
@@ -301,25 +226,12 @@ func (v shareView) bound() int64 {
 			}
 		}
 		budget -= held
-		if v.growing(n) {
+		if n.live && n.active() {
 			cs = append(cs, claimant{name: n.name, unmet: max(v.need(n)-held, 0), capped: capped})
 		}
 	}
 	parts, headroom := allocate(budget, cs, v.members)
-	if !v.growing(v.self) {
-		// A node whose own demand is not growing may take all that nobody holds,
-		// however small: the first to ask gets it, whatever the order of the names.
-		headroom = max(budget-sum(parts), 0)
-	}
 	return keep + parts[0] + headroom
-}
-
-func sum(xs []int64) int64 {
-	t := int64(0)
-	for _, x := range xs {
-		t += x
-	}
-	return t
 }
 
 // startBounds are the bounds the nodes set for the current window before it began, as

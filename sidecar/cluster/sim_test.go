@@ -25,10 +25,7 @@ type simNode struct {
 	phase int64 // its flushes fall at phase + k × interval
 	next  int64 // its next flush
 	down  bool  // stopped: neither flushes, receives nor gets checks
-	// kicked: its bound refused a check below the limit since its last flush (the
-	// sidecar then flushes early, Cluster.boundRefused).
-	kicked bool
-	gone   bool // declared dead by the membership: not a live member
+	gone  bool  // declared dead by the membership: not a live member
 }
 
 type simMsg struct {
@@ -69,12 +66,7 @@ func newSim(n int, intervalMS int64, phases []int64, share bool, limit uint32) *
 		lim := limiter.New(limiter.Options{Now: c.now, Replicated: true})
 		origin := fmt.Sprintf("%s#%016x", name, i+1)
 		ph := phases[i%len(phases)] % intervalMS
-		n := &simNode{name: name, lim: lim, rep: newReplicator(lim, origin, share), phase: ph, next: t0 + ph}
-		lim.OnBoundRefused(func(k limiter.Key) bool {
-			n.kicked = true
-			return n.rep.replan(k, s.env(s.clock.ms.Load()))
-		})
-		s.nodes = append(s.nodes, n)
+		s.nodes = append(s.nodes, &simNode{name: name, lim: lim, rep: newReplicator(lim, origin, share), phase: ph, next: t0 + ph})
 	}
 	return s
 }
@@ -90,7 +82,7 @@ func (s *simCluster) env(now int64) shareEnv {
 			live[n.name] = true
 		}
 	}
-	return shareEnv{now: now, intervalMS: s.intervalMS, lagMS: s.nodes[0].rep.lag.Load(), live: func(name string) bool { return live[name] }, members: up}
+	return shareEnv{now: now, intervalMS: s.intervalMS, live: func(name string) bool { return live[name] }, members: up}
 }
 
 // run advances the clock by ms milliseconds; load(now, i) is the checks node i gets in
@@ -118,16 +110,9 @@ func (s *simCluster) run(ms int64, load func(now int64, i int) int) {
 				n.rep.receive(msg, true, now)
 			}
 		}
-		// Flushes due, and early ones for checks the bound refused.
+		// Flushes due.
 		for i, n := range s.nodes {
-			if n.down {
-				continue
-			}
-			if now < n.next {
-				if n.kicked && n.rep.early(now, s.intervalMS) {
-					n.kicked = false
-					s.flushNode(i, now)
-				}
+			if n.down || now < n.next {
 				continue
 			}
 			n.next += s.intervalMS
@@ -135,8 +120,32 @@ func (s *simCluster) run(ms int64, load func(now int64, i int) int) {
 				// A late tick: the ticker's next one still falls on the phase.
 				n.next = now - (now-n.phase)%s.intervalMS + s.intervalMS + s.rng.Int64N(s.tickJitterMS+1)
 			}
-			n.kicked = false
-			s.flushNode(i, now)
+			res := n.rep.flush(s.env(now))
+			if len(res.values) == 0 {
+				continue
+			}
+			p := newPacker(now, n.rep.origin, maxPacket)
+			if s.version == version2 {
+				p = newPacker2(now, n.rep.origin, maxPacket)
+			}
+			for _, v := range res.values {
+				p.add(v)
+			}
+			for _, b := range p.messages() {
+				for j := range s.nodes {
+					if j == i {
+						continue
+					}
+					at := now + s.delayMS
+					if s.rng != nil {
+						if s.rng.Float64() < s.loss {
+							continue
+						}
+						at += s.rng.Int64N(s.jitterMS + 1)
+					}
+					s.queue = append(s.queue, simMsg{at: at, to: j, data: b})
+				}
+			}
 		}
 		// Checks.
 		w := now / s.windowMS()
@@ -158,37 +167,6 @@ func (s *simCluster) run(ms int64, load func(now int64, i int) int) {
 			}
 		}
 		s.clock.set(now + 1)
-	}
-}
-
-// flushNode flushes node i at now and sends its messages.
-func (s *simCluster) flushNode(i int, now int64) {
-	n := s.nodes[i]
-	res := n.rep.flush(s.env(now))
-	if len(res.values) == 0 {
-		return
-	}
-	p := newPacker(now, n.rep.origin, maxPacket)
-	if s.version == version2 {
-		p = newPacker2(now, n.rep.origin, maxPacket)
-	}
-	for _, v := range res.values {
-		p.add(v)
-	}
-	for _, b := range p.messages() {
-		for j := range s.nodes {
-			if j == i {
-				continue
-			}
-			at := now + s.delayMS
-			if s.rng != nil {
-				if s.rng.Float64() < s.loss {
-					continue
-				}
-				at += s.rng.Int64N(s.jitterMS + 1)
-			}
-			s.queue = append(s.queue, simMsg{at: at, to: j, data: b})
-		}
 	}
 }
 

@@ -28,10 +28,8 @@ type slots struct {
 	// pending lists keys holding a slot for a window that has not begun on this node's
 	// clock (a sender whose clock is ahead); the sum goes to the limiter when it begins.
 	pending map[limiter.Key]struct{}
-	// touched lists keys merged since the last tick, for share mode; recheck the keys
-	// whose share-mode plan is to be made again at a given time (sharePlan.recheckAt).
+	// touched lists keys merged since the last tick, for share mode.
 	touched map[limiter.Key]struct{}
-	recheck map[limiter.Key]int64
 	// current maps a node name to its newest origin that sent to this node directly:
 	// an earlier incarnation of a restarted node is no longer a live member.
 	current map[string]uint32
@@ -81,7 +79,6 @@ func newSlots(lim *limiter.Limiter, self string) *slots {
 		keys:    map[limiter.Key]*keyState{},
 		pending: map[limiter.Key]struct{}{},
 		touched: map[limiter.Key]struct{}{},
-		recheck: map[limiter.Key]int64{},
 		current: map[string]uint32{},
 	}
 }
@@ -214,7 +211,7 @@ func (s *slots) publishLocked(k limiter.Key, ks *keyState, sizeMS, endMS, now in
 }
 
 // tick publishes the windows that began since the last tick, drops the slots of ended
-// windows, and returns the keys merged since the last tick and those due for a recheck.
+// windows, and returns the keys merged since the last tick.
 func (s *slots) tick(now int64) map[limiter.Key]struct{} {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -234,12 +231,6 @@ func (s *slots) tick(now int64) map[limiter.Key]struct{} {
 	}
 	touched := s.touched
 	s.touched = map[limiter.Key]struct{}{}
-	for k, at := range s.recheck {
-		if at <= now {
-			touched[k] = struct{}{}
-			delete(s.recheck, k)
-		}
-	}
 	return touched
 }
 
@@ -259,17 +250,8 @@ func (s *slots) sweep(now int64) {
 		if len(live) == 0 && ks.ownEnd+ks.ownSizeMS <= now {
 			delete(s.keys, k)
 			delete(s.pending, k)
-			delete(s.recheck, k)
 		}
 	}
-}
-
-// due reports whether k's share-mode plan is due to be made again at now.
-func (s *slots) due(k limiter.Key, now int64) bool {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	at, ok := s.recheck[k]
-	return ok && at <= now
 }
 
 // each calls f for every live slot with its origin's name.
@@ -289,8 +271,6 @@ func (s *slots) each(now int64, f func(origin string, k limiter.Key, sl slot)) {
 type shareEnv struct {
 	now        int64
 	intervalMS int64
-	// lagMS is how late the others' messages have been arriving of late (replicator.lag).
-	lagMS int64
 	// live reports whether a node name is a live member other than this node;
 	// members is the number of live members, this node included.
 	live    func(name string) bool
@@ -307,13 +287,6 @@ func (s *slots) shareTick(keys, changed map[limiter.Key]struct{}, env shareEnv) 
 		if p.curCapped {
 			capped++
 		}
-		s.mu.Lock()
-		if p.recheckAt > 0 {
-			s.recheck[k] = p.recheckAt
-		} else {
-			delete(s.recheck, k)
-		}
-		s.mu.Unlock()
 		if p.send {
 			send = append(send, k)
 		}
@@ -364,7 +337,7 @@ func (s *slots) shareView(k limiter.Key, snap limiter.Snapshot, env shareEnv) (v
 	}
 	start := env.now / size * size
 	end := start + size
-	v = shareView{now: env.now, startMS: start, sizeMS: size, intervalMS: env.intervalMS, lagMS: env.lagMS, limit: int64(snap.Limit), members: env.members}
+	v = shareView{now: env.now, startMS: start, sizeMS: size, intervalMS: env.intervalMS, limit: int64(snap.Limit), members: env.members}
 
 	// This node: its snapshot is of the window it last counted in.
 	own := uint64(snap.Own) + uint64(snap.Refused)
@@ -385,12 +358,6 @@ func (s *slots) shareView(k limiter.Key, snap limiter.Snapshot, env shareEnv) (v
 	v.self = shareNode{name: s.self, live: true, shares: true, at: env.now}
 	if ks.ownEnd == end {
 		v.self.grewAt = ks.ownGrewAt
-		// Its demand is projected from when it was last sent, as the others do (the
-		// value of the flush where it grew, and once more at the next), so that a plan
-		// made later, with nothing new, divides as the others' plans do.
-		if ks.ownGrewAt > 0 {
-			v.self.at = min(env.now, ks.ownGrewAt+env.intervalMS)
-		}
 	}
 	if c, ok := s.lim.CapIn(k, size, end); ok {
 		v.self.claim, v.self.claimed, v.self.capped = int64(c), true, true

@@ -68,9 +68,6 @@ type Limiter struct {
 	ids     atomic.Pointer[map[string]BucketID] // name → BucketID
 	// refunds maps a BucketID to the BucketID of its refunds (take.go), once one was made.
 	refunds sync.Map
-	// boundRefused, when set, is called when share mode's bound refuses hits the
-	// limit would allow (OnBoundRefused).
-	boundRefused atomic.Pointer[func(Key) bool]
 }
 
 type shard struct {
@@ -214,35 +211,7 @@ func (l *Limiter) Check(k Key, n uint32, lim Limit) Result {
 	}
 	total := ext.total(own, w)
 	ext.noteLimit(lim.Count)
-	if !ok && total <= lim.Count && n <= lim.Count-total && l.noteBoundRefused(k) {
-		// The bound was made again: once more, with it.
-		if own, ok = addAgain(l, k, ext, n, w, end, windowMS(lim)); ok {
-			total = ext.total(own, w)
-		}
-	}
 	return decide(ok && total <= lim.Count, total, lim, now, end)
-}
-
-// addAgain adds n hits to k again after its bound was made again, and takes back the
-// note of the first try that they were refused.
-func addAgain(l *Limiter, k Key, ext *replica, n, w uint32, end, size int64) (uint32, bool) {
-	// Refused or not, the hits were noted as refused once too many.
-	_, own, ok := l.add(k, n, w, end, size, true)
-	ext.unnoteRefused(n, w)
-	return own, ok
-}
-
-// OnBoundRefused sets f to be called, on the checking goroutine, whenever share mode's
-// bound refuses hits of k that the count known here would allow: the cluster then tells
-// the others at once, and may make the bound again if its time has come, which f
-// reports (true: the hits are tried once more). f must not block for long.
-func (l *Limiter) OnBoundRefused(f func(k Key) bool) { l.boundRefused.Store(&f) }
-
-func (l *Limiter) noteBoundRefused(k Key) bool {
-	if f := l.boundRefused.Load(); f != nil {
-		return (*f)(k)
-	}
-	return false
 }
 
 // Record adds n hits to k without deciding: the result is always allowed.

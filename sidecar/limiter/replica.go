@@ -79,20 +79,6 @@ func (r *replica) noteRefused(n, w uint32) {
 	}
 }
 
-// unnoteRefused takes back n hits noted as refused in window w (they were counted).
-func (r *replica) unnoteRefused(n, w uint32) {
-	for {
-		old := r.refused.Load()
-		if uint32(old>>32) != w {
-			return
-		}
-		c := uint32(old) - min(n, uint32(old))
-		if r.refused.CompareAndSwap(old, uint64(w)<<32|uint64(c)) {
-			return
-		}
-	}
-}
-
 func (r *replica) noteLimit(limit uint32) {
 	if r.limit.Load() != limit {
 		r.limit.Store(limit)

@@ -40,13 +40,6 @@ func (l *Limiter) Take(k Key, n uint32, lim Limit) Result {
 	own, ok := e.add(n, w, end, size, maxOwn)
 	if e.ext != nil {
 		s.noteAdded(k, e, e.ext, n, w, ok)
-		if room := budget - min(budget, remote); !ok && own <= room && n <= room-own && l.noteBoundRefused(k) {
-			// The bound refused, not the limit, and it was made again: once more.
-			if own, ok = e.add(n, w, end, size, min(room, e.ext.capFor(w))); ok {
-				e.ext.unnoteRefused(n, w)
-				s.noteChanged(k, e, e.ext)
-			}
-		}
 	}
 	count := own + remote
 	if count < own {
