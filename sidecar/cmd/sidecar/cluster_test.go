@@ -15,6 +15,7 @@ import (
 	"fmt"
 	"io"
 	"maps"
+	mrand "math/rand/v2"
 	"net"
 	"net/http"
 	"os"
@@ -73,15 +74,25 @@ var (
 )
 
 // freePort returns a loopback port free for both TCP and UDP (memberlist binds both),
-// never the same twice in this test binary.
+// never the same twice in this test binary. It is below the kernel's ephemeral range
+// (32768 and up by default), so that no listener on port 0 or outgoing connection, of
+// this test binary or of another running beside it, is given the port between this
+// check and the sidecar's own bind.
 func freePort(t *testing.T) int {
 	t.Helper()
-	for range 100 {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
+	const low, high = 20000, 32000
+	for range 1000 {
+		port := low + mrand.IntN(high-low)
+		portsMu.Lock()
+		used := portsUsed[port]
+		portsMu.Unlock()
+		if used {
+			continue
 		}
-		port := l.Addr().(*net.TCPAddr).Port
+		l, err := net.Listen("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(port)))
+		if err != nil {
+			continue
+		}
 		u, err := net.ListenPacket("udp", net.JoinHostPort("127.0.0.1", strconv.Itoa(port)))
 		l.Close()
 		if err != nil {
@@ -89,7 +100,7 @@ func freePort(t *testing.T) int {
 		}
 		u.Close()
 		portsMu.Lock()
-		used := portsUsed[port]
+		used = portsUsed[port]
 		portsUsed[port] = true
 		portsMu.Unlock()
 		if !used {
