@@ -197,12 +197,20 @@ func startSpan(ctx context.Context, r Request) (context.Context, trace.Span) {
 	if !trace.SpanContextFromContext(parent).IsValid() {
 		parent = tracing.Extract(ctx, tracing.Header(r.Header))
 	}
-	return tracing.Start(parent, "converger.check", trace.SpanKindServer, attribute.String("http.request.method", r.Method))
+	ctx, span := tracing.Start(parent, "converger.check", trace.SpanKindServer)
+	if span.IsRecording() { // not for the requests the sampler leaves out
+		span.SetAttributes(attribute.String("http.request.method", r.Method))
+	}
+	return ctx, span
 }
 
 // endSpan records what was decided: the bucket and the decision, never the path (it
 // may hold a secret, as a password reset link does), a header or a counted key.
 func endSpan(span trace.Span, v *Verdict) {
+	if !span.IsRecording() {
+		span.End()
+		return
+	}
 	decision := "allowed"
 	switch {
 	case v.shed:
