@@ -94,5 +94,5 @@ func ClientConfig() (*tls.Config, error) {
 		return nil, nil
 	}
 	return tlsconfig.ClientConfig(&tlsconfig.ClientFiles{Name: "BENCH_TLS", CAFile: filepath.Join(d, "client-ca.crt"),
-		CertFile: filepath.Join(d, "client.crt"), KeyFile: filepath.Join(d, "client.key"), ServerName: "localhost"}, tlsconfig.Options{})
+		CertFile: filepath.Join(d, "client.crt"), KeyFile: filepath.Join(d, "client.key"), ServerName: "localhost"}, "", tlsconfig.Options{})
 }

@@ -246,7 +246,7 @@ func TestTLS(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		cfg, err := tlsconfig.ClientConfig(f, tlsconfig.Options{})
+		cfg, err := tlsconfig.ClientConfig(f, "localhost", tlsconfig.Options{})
 		if err != nil {
 			t.Fatal(err)
 		}

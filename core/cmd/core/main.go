@@ -148,7 +148,7 @@ func serve(ctx context.Context, cfg *config.Config, log *slog.Logger) error {
 	var middleware []fiber.Handler
 	var checker *authzcheck.Checker
 	if cfg.AuthzAddr != "" {
-		authzTLS, err := tlsconfig.ClientConfig(cfg.AuthzTLS, tlsconfig.Options{Logger: log})
+		authzTLS, err := tlsconfig.ClientConfig(cfg.AuthzTLS, cfg.AuthzAddr, tlsconfig.Options{Logger: log})
 		if err != nil {
 			return err
 		}
@@ -292,7 +292,7 @@ func serve(ctx context.Context, cfg *config.Config, log *slog.Logger) error {
 // resets and the legacy WebSocket's activities.
 func limiter(cfg *config.Config, log *slog.Logger) (login.Limiter, *limiterclient.Client, func(), error) {
 	if cfg.LimiterAddr != "" {
-		tlsCfg, err := tlsconfig.ClientConfig(cfg.LimiterTLS, tlsconfig.Options{Logger: log})
+		tlsCfg, err := tlsconfig.ClientConfig(cfg.LimiterTLS, cfg.LimiterAddr, tlsconfig.Options{Logger: log})
 		if err != nil {
 			return nil, nil, nil, err
 		}

@@ -96,7 +96,7 @@ func (p *portsTLS) clientConfig(t *testing.T, pair *testpki.Pair) *tls.Config {
 	if pair != nil {
 		f.CertFile, f.KeyFile = pair.CertFile, pair.KeyFile
 	}
-	c, err := tlsconfig.NewClient(f, tlsconfig.Options{})
+	c, err := tlsconfig.NewClient(f, "localhost", tlsconfig.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
