@@ -220,7 +220,7 @@ func serve(ctx context.Context, cfg *config.Config, log *slog.Logger) error {
 		maxConns = netlimit.DefaultMaxConns(openFiles)
 	}
 	ln, err := listen("CORE_ADDR", cfg.Addr, netlimit.Options{MaxConns: maxConns, MaxConnsPerIP: b.MaxConnsPerIP,
-		Exempt: cfg.TrustedProxies.Trusted, Refuse: netlimit.RefuseHTTP, Logger: log, Name: "CORE_ADDR"}, m)
+		Exempt: cfg.TrustedProxies.Trusted, Refuse: netlimit.HTTPRefusal(cfg.TLS != nil), Logger: log, Name: "CORE_ADDR"}, m)
 	if err != nil {
 		return err
 	}
@@ -250,7 +250,7 @@ func serve(ctx context.Context, cfg *config.Config, log *slog.Logger) error {
 		IdleTimeout: 2 * time.Minute, MaxHeaderBytes: 16 << 10,
 	}
 	// A scraper or a probe needs few connections; the ops address is loopback by default.
-	opsGuard := netlimit.Wrap(opsLn, netlimit.Options{MaxConns: 64, Refuse: netlimit.RefuseHTTP, Logger: log, Name: "CORE_OPS_ADDR"})
+	opsGuard := netlimit.Wrap(opsLn, netlimit.Options{MaxConns: 64, Refuse: netlimit.HTTPRefusal(cfg.OpsTLS != nil), Logger: log, Name: "CORE_OPS_ADDR"})
 	opsServeLn, err := tlsconfig.Listener(opsGuard, cfg.OpsTLS, tlsconfig.Options{Logger: log}, "http/1.1")
 	if err != nil {
 		ln.Close()
