@@ -110,7 +110,7 @@ func runLoad(ctx context.Context, name string, args []string, t loadTest) int {
 	update := fs.Bool("update-results", false, "write the report into "+resultsDir+" (the committed figures) instead of a new folder under bench/out/")
 	var mtls *bool
 	if t.mutualTLS {
-		mtls = fs.Bool("mtls", false, "the connections to the sidecar's gRPC and HTTP ports and to the no-op over mutual TLS, with certificates made for the run")
+		mtls = fs.Bool("mtls", false, "the connections to the sidecars' gRPC and HTTP ports (and to the no-op, where the test has one) over mutual TLS, with certificates made for the run")
 	}
 	if code, done := parse(fs, args); done {
 		return code
