@@ -69,7 +69,8 @@ func newPortsTLS(t *testing.T) *portsTLS {
 		t.Fatal(err)
 	}
 	p.server = p.issue(t, testpki.Localhost("sidecar"), "sidecar")
-	p.env = map[string]string{}
+	// Free ports: other tests and programs on the machine use the defaults.
+	p.env = map[string]string{"SIDECAR_GRPC_ADDR": "127.0.0.1:0", "SIDECAR_HTTP_ADDR": "127.0.0.1:0"}
 	for _, port := range []string{"SIDECAR_GRPC_TLS", "SIDECAR_HTTP_TLS"} {
 		p.env[port+"_CERT_FILE"] = p.server.CertFile
 		p.env[port+"_KEY_FILE"] = p.server.KeyFile
