@@ -520,6 +520,9 @@ func checkKubernetes(t *testing.T, k *kube) []error {
 					continue
 				}
 				errs = append(errs, checkEnvoyBootstrap(where, path, c, bs, containers, members)...)
+				if path == paths[0] { // the one it runs
+					errs = append(errs, checkPodTLS(where, path, bs, mc, containers, members)...)
+				}
 				if n, perrs := checkEnvoyPod(pod.where, path, bs, containers, members); len(perrs) > 0 {
 					errs = append(errs, perrs...)
 				} else if n > 0 {
@@ -821,6 +824,9 @@ func readKubernetesFiles(t *testing.T) (map[string][]byte, string) {
 		t.Fatalf("no manifests in %s: %v", kubernetesDir, err)
 	}
 	for _, p := range paths {
+		if strings.HasSuffix(p, ".patch.yaml") {
+			continue // a patch of a manifest, not one (kubernetes_tls_test.go)
+		}
 		b, err := os.ReadFile(p)
 		if err != nil {
 			t.Fatal(err)

@@ -7,6 +7,7 @@ import (
 	"os"
 	"time"
 
+	"github.com/converger/edge/bench/benchtls"
 	"github.com/converger/edge/bench/closedloop"
 	"github.com/converger/edge/bench/procs"
 	"github.com/converger/edge/bench/promscrape"
@@ -136,8 +137,13 @@ func runMix(ctx context.Context, cfg Config, rep *Report, root, sidecarBin strin
 		if err != nil {
 			return err
 		}
+		// With -mtls, over mutual TLS to the sidecar's HTTP port and to the no-op alike.
+		tlsCfg, err := benchtls.ClientConfig()
+		if err != nil {
+			return err
+		}
 		dial = func(addr string) (closedloop.Caller, error) {
-			return closedloop.NewHTTPCaller(addr, cfg.Concurrency, checks), nil
+			return closedloop.NewHTTPSCaller(addr, cfg.Concurrency, checks, tlsCfg), nil
 		}
 	}
 	var targets []*closedloop.Target
@@ -168,6 +174,13 @@ func runMix(ctx context.Context, cfg Config, rep *Report, root, sidecarBin strin
 			return err
 		}
 		for _, name := range cfg.ProxyList() {
+			if benchtls.Enabled() {
+				// The proxies' shipped configurations ask the sidecar in plain text.
+				pr := ProxyResult{Name: name, Skipped: "-mtls: the proxies' configurations ask the sidecar in plain text"}
+				logf("skipping %s: %s", name, pr.Skipped)
+				rep.Proxies = append(rep.Proxies, pr)
+				continue
+			}
 			pr, err := measureProxy(ctx, cfg, root, name, scHTTP, noopAddr, r, rounds, reqs, len(pop.Keys), logf)
 			if err != nil {
 				return err
@@ -188,7 +201,7 @@ func runMix(ctx context.Context, cfg Config, rep *Report, root, sidecarBin strin
 		}
 	}
 	rep.SentSidecar, rep.SentNoop = sidecar.Sent.Load(), noopT.Sent.Load()
-	rep.Counters, _ = promscrape.Scrape(ctx, "http://"+scHTTP+"/metrics", counterPrefixes) // none when it cannot
+	rep.Counters, _ = promscrape.Scrape(ctx, benchtls.URL(scHTTP, "/metrics"), counterPrefixes) // none when it cannot
 	return nil
 }
 

@@ -1,14 +1,17 @@
-// Package benchtls puts the load tests' gRPC connections on mutual TLS: `bench authz
-// -mtls` and `bench rls -mtls` make a CA and certificates in a directory that
-// BENCH_TLS_DIR names, and the sidecar's gRPC port, the no-op server (a child process,
-// which inherits the variable) and the load generator's connections then all use them,
-// so that both sides of a ratio pay the same TLS.
+// Package benchtls puts the load tests' connections on mutual TLS: `bench authz -mtls`,
+// `bench rls -mtls`, `bench forward-auth -mtls` and `bench cluster -mtls` make a CA and
+// certificates in a directory that BENCH_TLS_DIR names, and the sidecar's gRPC and HTTP
+// ports, the no-op servers (child processes, which inherit the variable) and the load
+// generator's connections then all use them, so that both sides of a ratio pay the same
+// TLS.
 package benchtls
 
 import (
 	"crypto/tls"
+	"net/http"
 	"os"
 	"path/filepath"
+	"time"
 
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
@@ -54,17 +57,44 @@ func Enable() (func(), error) {
 
 func dir() string { return os.Getenv(DirEnv) }
 
-// SidecarEnv are the variables that put a sidecar's gRPC port on mutual TLS with the
-// load generator allowed (none in plain text).
+// Enabled reports whether the run is on mutual TLS.
+func Enabled() bool { return dir() != "" }
+
+// SidecarEnv are the variables that put a sidecar's gRPC and HTTP ports on mutual TLS
+// with the load generator allowed (none in plain text).
 func SidecarEnv() []string {
 	d := dir()
 	if d == "" {
 		return nil
 	}
-	return []string{
-		"SIDECAR_GRPC_TLS_CERT_FILE=" + filepath.Join(d, "server.crt"), "SIDECAR_GRPC_TLS_KEY_FILE=" + filepath.Join(d, "server.key"),
-		"SIDECAR_GRPC_TLS_CLIENT_CA_FILE=" + filepath.Join(d, "server-ca.crt"), "SIDECAR_GRPC_TLS_ALLOWED_CLIENTS=" + ClientID,
+	var env []string
+	for _, p := range []string{"SIDECAR_GRPC_TLS", "SIDECAR_HTTP_TLS"} {
+		env = append(env, p+"_CERT_FILE="+filepath.Join(d, "server.crt"), p+"_KEY_FILE="+filepath.Join(d, "server.key"),
+			p+"_CLIENT_CA_FILE="+filepath.Join(d, "server-ca.crt"), p+"_ALLOWED_CLIENTS="+ClientID)
 	}
+	return env
+}
+
+// URL is the URL of path on a sidecar's HTTP port or a no-op forward-auth server at
+// addr: https:// on mutual TLS, else http://.
+func URL(addr, path string) string {
+	if Enabled() {
+		return "https://" + addr + path
+	}
+	return "http://" + addr + path
+}
+
+// HTTPClient is a client for URL's addresses, with the load generator's certificate on
+// mutual TLS; each request is bounded by timeout (none when 0).
+func HTTPClient(timeout time.Duration) (*http.Client, error) {
+	cfg, err := ClientConfig()
+	if err != nil {
+		return nil, err
+	}
+	if cfg == nil {
+		return &http.Client{Timeout: timeout}, nil
+	}
+	return &http.Client{Timeout: timeout, Transport: &http.Transport{TLSClientConfig: cfg, MaxIdleConnsPerHost: 4, IdleConnTimeout: 30 * time.Second}}, nil
 }
 
 // ServerFiles are the same port's TLS for the no-op server; nil in plain text.
@@ -94,5 +124,5 @@ func ClientConfig() (*tls.Config, error) {
 		return nil, nil
 	}
 	return tlsconfig.ClientConfig(&tlsconfig.ClientFiles{Name: "BENCH_TLS", CAFile: filepath.Join(d, "client-ca.crt"),
-		CertFile: filepath.Join(d, "client.crt"), KeyFile: filepath.Join(d, "client.key"), ServerName: "localhost"}, tlsconfig.Options{})
+		CertFile: filepath.Join(d, "client.crt"), KeyFile: filepath.Join(d, "client.key"), ServerName: "localhost"}, "", tlsconfig.Options{})
 }

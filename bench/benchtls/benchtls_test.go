@@ -3,7 +3,9 @@ package benchtls_test
 import (
 	"context"
 	"net"
+	"net/http"
 	"os"
+	"strings"
 	"testing"
 	"time"
 
@@ -14,6 +16,7 @@ import (
 	"github.com/converger/edge/bench/benchtls"
 	"github.com/converger/edge/bench/noop"
 	"github.com/converger/edge/bench/rawcheck"
+	"github.com/converger/edge/bench/rawhttp"
 )
 
 // With -mtls the no-op serves over mutual TLS and the load generator's connections
@@ -24,7 +27,7 @@ func TestMutualTLS(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { cleanup(); os.Unsetenv(benchtls.DirEnv) })
-	if len(benchtls.SidecarEnv()) != 4 {
+	if len(benchtls.SidecarEnv()) != 8 {
 		t.Errorf("sidecar variables: %v", benchtls.SidecarEnv())
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
@@ -57,5 +60,84 @@ func TestMutualTLS(t *testing.T) {
 	cancel()
 	if err := <-errc; err != nil {
 		t.Fatal(err)
+	}
+}
+
+// With -mtls the no-op forward-auth servers (both HTTP servers) serve over mutual TLS:
+// the load generator's connections (rawhttp with ClientConfig) and HTTPClient reach them
+// at URL's https:// address, a plain-text or certificate-less client does not.
+func TestMutualTLSForwardAuth(t *testing.T) {
+	cleanup, err := benchtls.Enable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cleanup(); os.Unsetenv(benchtls.DirEnv) })
+	env := strings.Join(benchtls.SidecarEnv(), " ")
+	for _, v := range []string{"SIDECAR_HTTP_TLS_CERT_FILE=", "SIDECAR_HTTP_TLS_CLIENT_CA_FILE=", "SIDECAR_HTTP_TLS_ALLOWED_CLIENTS=" + benchtls.ClientID} {
+		if !strings.Contains(env, v) {
+			t.Errorf("the sidecar's variables lack %s: %s", v, env)
+		}
+	}
+	cfg, err := benchtls.ClientConfig()
+	if err != nil {
+		t.Fatal(err)
+	}
+	req := rawhttp.Request("GET", "/check", "127.0.0.1", map[string]string{"x-forwarded-uri": "/"})
+	for name, serve := range map[string]func(context.Context, string, func(net.Addr)) error{"net/http": noop.ServeHTTP, "fasthttp": noop.ServeFastHTTP} {
+		t.Run(name, func(t *testing.T) {
+			ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+			defer cancel()
+			addrc := make(chan string, 1)
+			errc := make(chan error, 1)
+			go func() { errc <- serve(ctx, "127.0.0.1:0", func(a net.Addr) { addrc <- a.String() }) }()
+			var addr string
+			select {
+			case addr = <-addrc:
+			case err := <-errc:
+				t.Fatal(err)
+			}
+			c := rawhttp.Conn{Addr: addr, TLS: cfg}
+			for range 3 { // one handshake, then the same connection
+				if status, err := c.Do(ctx, req); err != nil || status != 200 {
+					t.Fatalf("the load generator over mutual TLS: %d %v", status, err)
+				}
+			}
+			c.Close()
+			client, err := benchtls.HTTPClient(5 * time.Second)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if u := benchtls.URL(addr, "/readyz"); !strings.HasPrefix(u, "https://") {
+				t.Errorf("URL on mutual TLS: %s", u)
+			} else if resp, err := client.Get(u); err != nil || resp.StatusCode != 200 {
+				t.Errorf("HTTPClient: %v %v", resp, err)
+			} else {
+				resp.Body.Close()
+			}
+
+			plain := rawhttp.Conn{Addr: addr}
+			if status, err := plain.Do(ctx, req); err == nil && status == 200 {
+				t.Error("a plain-text client was answered")
+			}
+			plain.Close()
+			noCert := cfg.Clone()
+			noCert.GetClientCertificate = nil
+			anon := rawhttp.Conn{Addr: addr, TLS: noCert}
+			if status, err := anon.Do(ctx, req); err == nil && status == 200 {
+				t.Error("a client without a certificate was answered")
+			}
+			anon.Close()
+			cancel()
+			if err := <-errc; err != nil {
+				t.Fatal(err)
+			}
+		})
+	}
+	os.Unsetenv(benchtls.DirEnv)
+	if u := benchtls.URL("127.0.0.1:1", "/metrics"); u != "http://127.0.0.1:1/metrics" {
+		t.Errorf("URL in plain text: %s", u)
+	}
+	if c, err := benchtls.HTTPClient(time.Second); err != nil || c.Transport != nil && c.Transport.(*http.Transport).TLSClientConfig != nil {
+		t.Errorf("HTTPClient in plain text: %v", err)
 	}
 }

@@ -2,6 +2,7 @@ package closedloop
 
 import (
 	"context"
+	"crypto/tls"
 	"net/http"
 
 	"google.golang.org/grpc"
@@ -85,9 +86,15 @@ type httpCaller struct {
 // workers closed loops, each with its own keep-alive connection, dialed on first use. It
 // reads the status: 429 is rate limited, another 3xx to 5xx a rejection.
 func NewHTTPCaller(addr string, workers int, reqs [][]byte) Caller {
+	return NewHTTPSCaller(addr, workers, reqs, nil)
+}
+
+// NewHTTPSCaller is NewHTTPCaller with TLS on the connections (plain text when tlsCfg
+// is nil); each pays its handshake once, when it is dialed.
+func NewHTTPSCaller(addr string, workers int, reqs [][]byte, tlsCfg *tls.Config) Caller {
 	c := &httpCaller{conns: make([]rawhttp.Conn, workers), reqs: reqs}
 	for i := range c.conns {
-		c.conns[i].Addr = addr
+		c.conns[i].Addr, c.conns[i].TLS = addr, tlsCfg
 	}
 	return c
 }

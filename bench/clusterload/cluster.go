@@ -18,6 +18,7 @@ import (
 
 	"google.golang.org/grpc"
 
+	"github.com/converger/edge/bench/benchtls"
 	"github.com/converger/edge/bench/cputime"
 	"github.com/converger/edge/bench/procs"
 	"github.com/converger/edge/bench/promscrape"
@@ -83,7 +84,9 @@ func tryStartCluster(ctx context.Context, spec clusterSpec, stderr io.Writer) (c
 			c.stop()
 		}
 	}()
-	env := procs.SidecarEnv()
+	// With -mtls, the checks (rawcheck.Dial), /readyz and /metrics over mutual TLS; the
+	// cluster's own traffic is memberlist's, with its key.
+	env := append(procs.SidecarEnv(), benchtls.SidecarEnv()...)
 	type started struct {
 		grpc, http string
 	}
@@ -180,12 +183,15 @@ func expectedWarning(msg string) bool {
 
 // waitMembers polls every node's /readyz until each reports cluster_size N.
 func (c *cluster) waitMembers(ctx context.Context, timeout time.Duration) error {
-	client := &http.Client{Timeout: time.Second}
+	client, err := benchtls.HTTPClient(time.Second)
+	if err != nil {
+		return err
+	}
 	deadline := time.Now().Add(timeout)
 	want := len(c.nodes)
 	for _, n := range c.nodes {
 		for {
-			size, err := readySize(ctx, client, "http://"+n.http+"/readyz")
+			size, err := readySize(ctx, client, benchtls.URL(n.http, "/readyz"))
 			if err == nil && size == want {
 				break
 			}
@@ -235,7 +241,7 @@ func (c *cluster) scrape(ctx context.Context) ([]Scrape, error) {
 	for i, n := range c.nodes {
 		wg.Go(func() {
 			t0 := time.Now()
-			s, err := promscrape.Scrape(ctx, "http://"+n.http+"/metrics", metricPrefixes)
+			s, err := promscrape.Scrape(ctx, benchtls.URL(n.http, "/metrics"), metricPrefixes)
 			t1 := time.Now()
 			if err != nil {
 				errs[i] = fmt.Errorf("%s: %w", n.name, err)

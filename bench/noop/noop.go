@@ -152,8 +152,14 @@ func ServeHTTP(ctx context.Context, addr string, ready func(net.Addr)) error {
 // serveHTTP runs an HTTP server's serve on a listener of addr until ctx ends, then
 // shuts it down within 5 s.
 func serveHTTP(ctx context.Context, addr string, ready func(net.Addr), serve func(net.Listener) error, shutdown func(context.Context) error) error {
-	l, err := net.Listen("tcp", addr)
+	raw, err := net.Listen("tcp", addr)
 	if err != nil {
+		return fmt.Errorf("noop-forward-auth: %w", err)
+	}
+	// Over mutual TLS as the sidecar's HTTP port is, when benchtls.DirEnv is set.
+	l, err := tlsconfig.Listener(raw, benchtls.ServerFiles(), tlsconfig.Options{}, "http/1.1")
+	if err != nil {
+		raw.Close()
 		return fmt.Errorf("noop-forward-auth: %w", err)
 	}
 	errc := make(chan error, 1)

@@ -9,6 +9,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/converger/edge/bench/benchtls"
 	"github.com/converger/edge/bench/promscrape"
 	"github.com/converger/edge/bench/runinfo"
 )
@@ -16,7 +17,7 @@ import (
 // scrapeShed reads the sidecar's converger_sidecar_checks_shed_total, 0 when it cannot
 // (a baseline without the metric).
 func scrapeShed(ctx context.Context, httpAddr string) float64 {
-	s, err := promscrape.Scrape(ctx, "http://"+httpAddr+"/metrics", []string{"converger_sidecar_checks_shed_total"})
+	s, err := promscrape.Scrape(ctx, benchtls.URL(httpAddr, "/metrics"), []string{"converger_sidecar_checks_shed_total"})
 	if err != nil {
 		return 0
 	}

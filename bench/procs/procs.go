@@ -14,6 +14,8 @@ import (
 	"sync"
 	"syscall"
 	"time"
+
+	"github.com/converger/edge/bench/benchtls"
 )
 
 // Proc is a running child process. It runs in its own process group (a Ctrl-C on the
@@ -155,7 +157,10 @@ const readyWait = 30 * time.Second
 // WaitReady polls url, with header (nil for none), until it answers 200, the process
 // exits, or readyWait passes.
 func WaitReady(ctx context.Context, p *Proc, url string, header http.Header) error {
-	client := &http.Client{Timeout: time.Second}
+	client, err := benchtls.HTTPClient(time.Second) // https:// URLs on mutual TLS
+	if err != nil {
+		return err
+	}
 	deadline := time.Now().Add(readyWait)
 	for {
 		req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)

@@ -40,7 +40,7 @@ func StartSidecarUnder(ctx context.Context, prefix []string, bin string, env []s
 		if err != nil {
 			return nil, "", "", err
 		}
-		err = WaitReady(ctx, p, "http://"+httpAddr+"/readyz", nil)
+		err = WaitReady(ctx, p, benchtls.URL(httpAddr, "/readyz"), nil)
 		if err == nil {
 			return p, grpcAddr, httpAddr, nil
 		}

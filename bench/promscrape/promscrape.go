@@ -11,6 +11,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/converger/edge/bench/benchtls"
 )
 
 // Sample is one sample: a metric name with its labels, as written, and its value.
@@ -57,7 +59,11 @@ func Scrape(ctx context.Context, url string, prefixes []string) ([]Sample, error
 	if err != nil {
 		return nil, err
 	}
-	resp, err := http.DefaultClient.Do(req)
+	client, err := benchtls.HTTPClient(0) // https:// URLs on mutual TLS
+	if err != nil {
+		return nil, err
+	}
+	resp, err := client.Do(req)
 	if err != nil {
 		return nil, err
 	}

@@ -6,6 +6,7 @@ package rawhttp
 import (
 	"bufio"
 	"context"
+	"crypto/tls"
 	"fmt"
 	"io"
 	"net"
@@ -49,6 +50,7 @@ const timeout = 10 * time.Second
 // an error. It is not safe for concurrent use: each closed loop has its own.
 type Conn struct {
 	Addr string
+	TLS  *tls.Config // TLS on the connection; nil: plain text
 	c    net.Conn
 	br   *bufio.Reader
 }
@@ -61,6 +63,17 @@ func (c *Conn) Do(ctx context.Context, req []byte) (int, error) {
 		conn, err := d.DialContext(ctx, "tcp", c.Addr)
 		if err != nil {
 			return 0, err
+		}
+		if c.TLS != nil {
+			tc := tls.Client(conn, c.TLS)
+			hctx, cancel := context.WithTimeout(ctx, timeout)
+			err := tc.HandshakeContext(hctx)
+			cancel()
+			if err != nil {
+				conn.Close()
+				return 0, err
+			}
+			conn = tc
 		}
 		c.c, c.br = conn, bufio.NewReaderSize(conn, 16<<10)
 	}

@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"time"
 
+	"github.com/converger/edge/bench/benchtls"
 	"github.com/converger/edge/bench/closedloop"
 	"github.com/converger/edge/bench/procs"
 	"github.com/converger/edge/bench/promscrape"
@@ -68,7 +69,7 @@ func Run(ctx context.Context, cfg Config, stdout, stderr io.Writer) (*Report, er
 		}
 	}
 	rep.LoadEnd = runinfo.LoadAvg()
-	rep.Counters, _ = promscrape.Scrape(ctx, "http://"+scHTTP+"/metrics", []string{"converger_rls_requests_total{", "converger_rls_hits_total{", "converger_rls_over_limit_total{"})
+	rep.Counters, _ = promscrape.Scrape(ctx, benchtls.URL(scHTTP, "/metrics"), []string{"converger_rls_requests_total{", "converger_rls_hits_total{", "converger_rls_over_limit_total{"})
 	rep.summarize()
 
 	rep.WriteText(stdout)

@@ -8,6 +8,17 @@ import (
 	"github.com/converger/edge/shared/apierror"
 )
 
+// HTTPRefusal is the Options.Refuse of an HTTP port: RefuseHTTP in plain text; nil (the
+// connection closed without an answer) when the port speaks TLS (tlsOn), since a refusal
+// is written before the handshake and a TLS client would read the plain-text answer as
+// a broken handshake instead of a refusal.
+func HTTPRefusal(tlsOn bool) func(net.Conn, Reason) {
+	if tlsOn {
+		return nil
+	}
+	return RefuseHTTP
+}
+
 // RefuseHTTP is an Options.Refuse for HTTP servers: a minimal HTTP/1.1 answer with the
 // error envelope, 503 unavailable at MaxConns and 429 rate_limited at MaxConnsPerIP,
 // with retry-after: 1 and a new request id, and the connection closed.

@@ -339,3 +339,23 @@ func TestLingerOnClose(t *testing.T) {
 		t.Fatalf("%d open after the close", s.Open)
 	}
 }
+
+// TestHTTPRefusal: a plain HTTP port answers a refusal with the 429 envelope; a TLS port
+// (whose refusals come before the handshake) closes the connection without writing.
+func TestHTTPRefusal(t *testing.T) {
+	for _, tlsOn := range []bool{false, true} {
+		l := Wrap(listen(t), Options{MaxConnsPerIP: 1, Refuse: HTTPRefusal(tlsOn)})
+		got := make(chan net.Conn, 4)
+		serve(l, got)
+		first := dialFrom(t, "127.0.0.1", l.Addr().String())
+		recv(t, got)
+		_, _ = first.Write([]byte("x")) // not idle
+		answer := readAnswer(t, dialFrom(t, "127.0.0.1", l.Addr().String()))
+		switch {
+		case !tlsOn && !strings.HasPrefix(answer, "HTTP/1.1 429 "):
+			t.Errorf("plain text: the refusal %q", answer)
+		case tlsOn && answer != "":
+			t.Errorf("TLS: the refusal wrote %q before the handshake", answer)
+		}
+	}
+}

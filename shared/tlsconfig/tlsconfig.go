@@ -1,9 +1,10 @@
 // Package tlsconfig builds the TLS configurations of the programs' listening ports and of
 // their clients from certificate files: TLS 1.2 or later, an optional CA for client
 // certificates (required or optional), an allow list of client identities (SAN URIs or
-// DNS names, as a mesh or cert-manager issues them), and certificates re-read when their
-// files change (a Kubernetes Secret rotated in place, a symbolic link swapped), so that
-// new connections get the new certificate without a restart and open ones carry on.
+// DNS names, as a mesh or cert-manager issues them), and certificates and CAs re-read when
+// their files change (a Kubernetes Secret rotated in place, a symbolic link swapped), so
+// that new connections get the new certificate, or are verified against the new CAs,
+// without a restart while open ones carry on.
 //
 // The variables of a port share a prefix (SIDECAR_GRPC_TLS, CORE_TLS, ...):
 //
@@ -396,12 +397,21 @@ func Allowed(list []string, id string) bool {
 // Client is the TLS of one client, from its files.
 type Client struct {
 	files ClientFiles
+	name  string // the name the server's certificate must have
 	r     *reloader
 }
 
-// NewClient reads the files of f.
-func NewClient(f *ClientFiles, o Options) (*Client, error) {
-	c := &Client{files: *f}
+// NewClient reads the files of f for a client of the server at addr (host:port, or a
+// gRPC target such as dns:///host:port): the server's certificate must name f.ServerName
+// or, without it, addr's host.
+func NewClient(f *ClientFiles, addr string, o Options) (*Client, error) {
+	c := &Client{files: *f, name: f.ServerName}
+	if c.name == "" {
+		c.name = hostOf(addr)
+	}
+	if c.name == "" {
+		return nil, fmt.Errorf("%s_SERVER_NAME: the server's address %q has no host to verify its certificate against: set the name", f.Name, addr)
+	}
 	r, err := newReloader(f.Name, f.load, []string{f.CertFile, f.KeyFile, f.CAFile}, o.Logger, nil)
 	if err != nil {
 		return nil, err
@@ -413,18 +423,56 @@ func NewClient(f *ClientFiles, o Options) (*Client, error) {
 	return c, nil
 }
 
-// Config is the configuration to dial with: the server's certificate verified against
-// the CA file (read when the client starts) for ServerName or the address's host, and
-// the client certificate of the files as they are at each handshake.
+// hostOf is the host of a client's address: host:port, [::1]:port, a bare host, or a
+// gRPC target (scheme://authority/host:port).
+func hostOf(addr string) string {
+	if i := strings.Index(addr, "://"); i >= 0 {
+		addr = addr[i+3:]
+		if j := strings.LastIndexByte(addr, '/'); j >= 0 {
+			addr = addr[j+1:]
+		}
+	}
+	if h, _, err := net.SplitHostPort(addr); err == nil {
+		return h
+	}
+	return strings.TrimSuffix(strings.TrimPrefix(addr, "["), "]")
+}
+
+// Config is the configuration to dial with: the server's certificate verified, at each
+// handshake, against the CA file as it is then (a rotated CA applies to the next
+// connection; open ones carry on) for ServerName or the address's host, and the client
+// certificate of the files as they are then.
 func (c *Client) Config() *tls.Config {
-	m := c.r.cur.Load()
-	cfg := &tls.Config{MinVersion: tls.VersionTLS12, RootCAs: m.pool, ServerName: c.files.ServerName}
+	cfg := &tls.Config{
+		MinVersion: tls.VersionTLS12,
+		ServerName: c.name,
+		// crypto/tls verifies against a fixed RootCAs; verifyServer does the same
+		// verification against the CAs of the files as they are now.
+		InsecureSkipVerify: true,
+		VerifyConnection:   c.verifyServer,
+	}
 	if c.files.CertFile != "" {
 		cfg.GetClientCertificate = func(*tls.CertificateRequestInfo) (*tls.Certificate, error) {
 			return c.r.current().cert, nil
 		}
 	}
 	return cfg
+}
+
+// verifyServer verifies the server's chain against the current CAs and its name, as
+// crypto/tls would with RootCAs.
+func (c *Client) verifyServer(cs tls.ConnectionState) error {
+	if len(cs.PeerCertificates) == 0 {
+		return errors.New("tls: the server presented no certificate")
+	}
+	opts := x509.VerifyOptions{Roots: c.r.current().pool, DNSName: c.name, Intermediates: x509.NewCertPool()}
+	for _, ic := range cs.PeerCertificates[1:] {
+		opts.Intermediates.AddCert(ic)
+	}
+	if _, err := cs.PeerCertificates[0].Verify(opts); err != nil {
+		return &tls.CertificateVerificationError{UnverifiedCertificates: cs.PeerCertificates, Err: err}
+	}
+	return nil
 }
 
 // Listener returns ln with TLS from f on its connections (alpn as for NewServer), or ln
@@ -440,13 +488,13 @@ func Listener(ln net.Listener, f *ServerFiles, o Options, alpn ...string) (net.L
 	return tls.NewListener(ln, s.Config()), nil
 }
 
-// ClientConfig is the configuration to dial with from f, or nil (plain text) when f is
-// nil.
-func ClientConfig(f *ClientFiles, o Options) (*tls.Config, error) {
+// ClientConfig is the configuration to dial the server at addr with from f (see
+// NewClient), or nil (plain text) when f is nil.
+func ClientConfig(f *ClientFiles, addr string, o Options) (*tls.Config, error) {
 	if f == nil {
 		return nil, nil
 	}
-	c, err := NewClient(f, o)
+	c, err := NewClient(f, addr, o)
 	if err != nil {
 		return nil, err
 	}

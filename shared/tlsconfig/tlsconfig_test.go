@@ -103,7 +103,7 @@ func clientConfig(t *testing.T, caFile, certFile, keyFile string) *tls.Config {
 	if err != nil {
 		t.Fatal(err)
 	}
-	c, err := tlsconfig.NewClient(f, tlsconfig.Options{})
+	c, err := tlsconfig.NewClient(f, "", tlsconfig.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -381,5 +381,173 @@ func TestLoadErrors(t *testing.T) {
 		if err == nil || !strings.Contains(err.Error(), c.want) {
 			t.Errorf("%v: %v, want %q", c.env, err, c.want)
 		}
+	}
+}
+
+// replace writes b to path by a rename, as an editor or a Secret's update would.
+func replace(t *testing.T, path string, b []byte) {
+	t.Helper()
+	if err := os.WriteFile(path+".tmp", b, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(path+".tmp", path); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestClientCARotation rotates the CA a client trusts (AUTHZ_TLS_CA_FILE and the like):
+// the next connection is verified against the new CA, an open one carries on, and a
+// broken CA file keeps the last good one.
+func TestClientCARotation(t *testing.T) {
+	p := newPKI(t, "spiffe://x/y")
+	next := newPKI(t, "spiffe://x/y")
+	mount := t.TempDir()
+	certFile, keyFile, caFile := filepath.Join(mount, "tls.crt"), filepath.Join(mount, "tls.key"), filepath.Join(mount, "ca.crt")
+	serveWith := func(pair *testpki.Pair) {
+		replace(t, certFile, pair.CertPEM)
+		replace(t, keyFile, pair.KeyPEM)
+	}
+	serveWith(p.server)
+	replace(t, caFile, p.ca.CertPEM)
+	e := serve(t, newServer(t, map[string]string{"PORT_TLS_CERT_FILE": certFile, "PORT_TLS_KEY_FILE": keyFile}))
+
+	f, err := tlsconfig.LoadClient(func(k string) string {
+		return map[string]string{"C_TLS_CA_FILE": caFile}[k]
+	}, "C_TLS")
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := tlsconfig.NewClient(f, e.addr, tlsconfig.Options{Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), CheckEvery: 10 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := c.Config()
+	cfg.NextProtos = []string{"test/1"}
+	dial := func() (*tls.Conn, error) {
+		time.Sleep(20 * time.Millisecond) // past CheckEvery
+		return roundTrip(e.addr, cfg)
+	}
+	old, err := dial()
+	if err != nil {
+		t.Fatalf("before the rotation: %v", err)
+	}
+	defer old.Close()
+
+	// The client trusts only the new CA now: the server's certificate of the old one is
+	// refused at the next connection.
+	replace(t, caFile, next.ca.CertPEM)
+	if conn, err := dial(); err == nil {
+		conn.Close()
+		t.Fatal("a certificate of the CA no longer in the CA file was accepted")
+	} else if !strings.Contains(err.Error(), "certificate signed by unknown authority") {
+		t.Fatalf("refusal after the CA's rotation: %v", err)
+	}
+	// The server rotates too: its new certificate is verified against the new CA.
+	serveWith(next.server)
+	conn, err := dial()
+	if err != nil {
+		t.Fatalf("the new CA's certificate: %v", err)
+	}
+	if got := conn.ConnectionState().PeerCertificates[0].SerialNumber; got.Cmp(next.server.SerialNumber) != 0 {
+		t.Errorf("serial %v, want the new certificate's", got)
+	}
+	conn.Close()
+	if err := ping(old); err != nil {
+		t.Fatalf("the connection opened before the rotation: %v", err)
+	}
+
+	// A broken CA file keeps the last good CA.
+	replace(t, caFile, []byte("not a certificate\n"))
+	if conn, err := dial(); err != nil {
+		t.Fatalf("a broken CA file replaced the last good one: %v", err)
+	} else {
+		conn.Close()
+	}
+
+	// The name is still verified: the address's host (127.0.0.1) against a certificate
+	// for another name.
+	elsewhere, err := next.ca.Issue(testpki.Leaf{Name: "elsewhere", DNS: []string{"elsewhere.example"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	serveWith(elsewhere)
+	if conn, err := dial(); err == nil {
+		conn.Close()
+		t.Fatal("a certificate for another name was accepted")
+	} else if !strings.Contains(err.Error(), "127.0.0.1") {
+		t.Errorf("refusal of another name: %v", err)
+	}
+}
+
+// TestServerClientCARotation rotates a port's CA for client certificates
+// (<prefix>_CLIENT_CA_FILE): the next client is verified against the new CA, an open
+// connection carries on, and a broken CA file keeps the last good one.
+func TestServerClientCARotation(t *testing.T) {
+	p := newPKI(t, "spiffe://cluster.local/ns/edge/sa/envoy")
+	next := newPKI(t, "spiffe://cluster.local/ns/edge/sa/envoy")
+	caFile := filepath.Join(t.TempDir(), "ca.crt")
+	replace(t, caFile, p.ca.CertPEM)
+	e := serve(t, newServer(t, map[string]string{"PORT_TLS_CERT_FILE": p.server.CertFile, "PORT_TLS_KEY_FILE": p.server.KeyFile,
+		"PORT_TLS_CLIENT_CA_FILE": caFile}))
+	oldClient := clientConfig(t, p.server.CAFile, p.client.CertFile, p.client.KeyFile)
+	newClient := clientConfig(t, p.server.CAFile, next.client.CertFile, next.client.KeyFile)
+	dial := func(cfg *tls.Config) (*tls.Conn, error) {
+		time.Sleep(20 * time.Millisecond) // past CheckEvery
+		return roundTrip(e.addr, cfg)
+	}
+	old, err := dial(oldClient)
+	if err != nil {
+		t.Fatalf("before the rotation: %v", err)
+	}
+	defer old.Close()
+	if _, err := dial(newClient); err == nil {
+		t.Fatal("a client certificate of a CA not yet trusted was accepted")
+	} else if err := <-e.errs; !strings.Contains(err.Error(), "unknown authority") {
+		t.Fatalf("server's refusal: %v", err)
+	}
+
+	replace(t, caFile, next.ca.CertPEM)
+	conn, err := dial(newClient)
+	if err != nil {
+		t.Fatalf("a client of the new CA after the rotation: %v", err)
+	}
+	conn.Close()
+	if _, err := dial(oldClient); err == nil {
+		t.Fatal("a client of the CA rotated out was accepted")
+	} else if err := <-e.errs; !strings.Contains(err.Error(), "unknown authority") {
+		t.Fatalf("server's refusal: %v", err)
+	}
+	if err := ping(old); err != nil {
+		t.Fatalf("the connection opened before the rotation: %v", err)
+	}
+
+	replace(t, caFile, []byte("-----BEGIN CERTIFICATE-----\nbroken\n"))
+	if conn, err := dial(newClient); err != nil {
+		t.Fatalf("a broken CA file replaced the last good one: %v", err)
+	} else {
+		conn.Close()
+	}
+}
+
+func TestClientServerName(t *testing.T) {
+	p := newPKI(t, "spiffe://x/y")
+	f := &tlsconfig.ClientFiles{Name: "C_TLS", CAFile: p.server.CAFile}
+	for addr, want := range map[string]string{"sidecar.edge.svc:8081": "sidecar.edge.svc", "[::1]:8081": "::1",
+		"dns:///sidecar.edge.svc:8081": "sidecar.edge.svc", "localhost": "localhost"} {
+		c, err := tlsconfig.NewClient(f, addr, tlsconfig.Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := c.Config().ServerName; got != want {
+			t.Errorf("%s: server name %q, want %q", addr, got, want)
+		}
+	}
+	if _, err := tlsconfig.NewClient(f, "", tlsconfig.Options{}); err == nil || !strings.Contains(err.Error(), "C_TLS_SERVER_NAME") {
+		t.Errorf("no name and no address: %v", err)
+	}
+	named := *f
+	named.ServerName = "core.edge.svc"
+	if c, err := tlsconfig.NewClient(&named, "10.0.0.1:8081", tlsconfig.Options{}); err != nil || c.Config().ServerName != "core.edge.svc" {
+		t.Errorf("SERVER_NAME overrides the address: %v", err)
 	}
 }

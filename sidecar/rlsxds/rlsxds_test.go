@@ -5,6 +5,8 @@ import (
 	"context"
 	"crypto/tls"
 	"log/slog"
+	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -246,7 +248,7 @@ func TestTLS(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		cfg, err := tlsconfig.ClientConfig(f, tlsconfig.Options{})
+		cfg, err := tlsconfig.ClientConfig(f, "localhost", tlsconfig.Options{})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -269,6 +271,57 @@ func TestTLS(t *testing.T) {
 		}
 		c, svc, logs := follow(t, srv, "plain", nil)
 		refused(t, srv, "plain", c, svc, logs, "server preface") // the TLS server hung up on it
+	})
+
+	// cert-manager renews the server's certificate from a new CA and the CA file the
+	// sidecar reads (RLS_XDS_TLS_CA_FILE) with it: after the server restarts, the client
+	// reconnects verifying against the new CA, without a restart of its own.
+	t.Run("CA rotated", func(t *testing.T) {
+		mount := t.TempDir()
+		put := func(name string, b []byte) {
+			t.Helper()
+			path := filepath.Join(mount, name)
+			if err := os.WriteFile(path+".tmp", b, 0o600); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.Rename(path+".tmp", path); err != nil {
+				t.Fatal(err)
+			}
+		}
+		put("tls.crt", server.CertPEM)
+		put("tls.key", server.KeyPEM)
+		put("ca.crt", ca.CertPEM)
+		quick := tlsconfig.Options{CheckEvery: 10 * time.Millisecond}
+		st, err := tlsconfig.NewServer(&tlsconfig.ServerFiles{Name: "XDS_TLS", CertFile: filepath.Join(mount, "tls.crt"), KeyFile: filepath.Join(mount, "tls.key")}, quick, "h2")
+		if err != nil {
+			t.Fatal(err)
+		}
+		srv := xdstest.StartTLS(t, "127.0.0.1:0", st.Config())
+		srv.Set("rotated", "v1", shop("shop-rules", 5))
+		cc, err := tlsconfig.ClientConfig(&tlsconfig.ClientFiles{Name: "RLS_XDS_TLS", CAFile: filepath.Join(mount, "ca.crt")}, srv.Addr, quick)
+		if err != nil {
+			t.Fatal(err)
+		}
+		c, svc, _ := follow(t, srv, "rotated", cc)
+		waitFor(t, "v1 over TLS", func() bool { return c.Status().Version == "v1" })
+
+		next, err := testpki.NewCA("xds test CA, renewed")
+		if err != nil {
+			t.Fatal(err)
+		}
+		renewed, err := next.Issue(testpki.Localhost("xds server"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		put("tls.crt", renewed.CertPEM)
+		put("tls.key", renewed.KeyPEM)
+		put("ca.crt", next.CertPEM)
+		srv.Set("rotated", "v2", shop("shop-rules", 9))
+		srv.Restart()
+		waitFor(t, "v2 after the CA's rotation", func() bool { return c.Status().Version == "v2" })
+		if got := limitOf(t, svc, "c1"); got != 9 {
+			t.Errorf("after the CA's rotation: limit %d, want 9", got)
+		}
 	})
 
 	t.Run("mutual TLS", func(t *testing.T) {

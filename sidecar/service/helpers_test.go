@@ -168,7 +168,7 @@ func mutualTLS(t *testing.T, env map[string]string) *tls.Config {
 	}
 	env["SIDECAR_GRPC_TLS_CERT_FILE"], env["SIDECAR_GRPC_TLS_KEY_FILE"] = server.CertFile, server.KeyFile
 	env["SIDECAR_GRPC_TLS_CLIENT_CA_FILE"], env["SIDECAR_GRPC_TLS_ALLOWED_CLIENTS"] = server.CAFile, id
-	c, err := tlsconfig.NewClient(&tlsconfig.ClientFiles{Name: "TEST", CAFile: client.CAFile, CertFile: client.CertFile, KeyFile: client.KeyFile}, tlsconfig.Options{})
+	c, err := tlsconfig.NewClient(&tlsconfig.ClientFiles{Name: "TEST", CAFile: client.CAFile, CertFile: client.CertFile, KeyFile: client.KeyFile}, "localhost", tlsconfig.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -189,7 +189,7 @@ func (s *Sidecar) httpListener(raw net.Listener, cfg *config.Config, openFiles u
 		maxConns = netlimit.DefaultMaxConns(openFiles)
 	}
 	ln := netlimit.Wrap(raw, netlimit.Options{MaxConns: maxConns, MaxConnsPerIP: cfg.HTTPMaxConnsPerIP,
-		Exempt: cfg.TrustedProxies.Trusted, Refuse: netlimit.RefuseHTTP, Logger: s.log, Name: "SIDECAR_HTTP_ADDR"})
+		Exempt: cfg.TrustedProxies.Trusted, Refuse: netlimit.HTTPRefusal(cfg.HTTPTLS != nil), Logger: s.log, Name: "SIDECAR_HTTP_ADDR"})
 	s.Metrics.GaugeFunc("converger_sidecar_http_connections", "Open connections of the HTTP port.",
 		func() float64 { return float64(ln.Stats().Open) })
 	s.Metrics.CounterFunc("converger_sidecar_http_connections_refused_total", "Connections of the HTTP port refused at its caps.",

@@ -33,7 +33,7 @@ func (s *Sidecar) rateLimitService(ctx context.Context, cfg *config.Config) (*rl
 	}
 	if cfg.RLSConfigType == config.ConfigTypeXDS {
 		x := cfg.RLSXDS
-		xdsTLS, err := tlsconfig.ClientConfig(x.TLS, tlsconfig.Options{Logger: s.log})
+		xdsTLS, err := tlsconfig.ClientConfig(x.TLS, x.ServerURL, tlsconfig.Options{Logger: s.log})
 		if err != nil {
 			return nil, err
 		}

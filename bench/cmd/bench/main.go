@@ -94,8 +94,8 @@ type loadTest struct {
 	validate func(fs *flag.FlagSet, args []string) error
 	run      func(ctx context.Context) (missed bool, err error)
 	outputs  map[string]*string
-	// mutualTLS offers -mtls: the gRPC connections to the sidecar and the no-op over
-	// mutual TLS (bench/benchtls).
+	// mutualTLS offers -mtls: the connections to the sidecar's ports and to the no-op
+	// over mutual TLS (bench/benchtls).
 	mutualTLS bool
 }
 
@@ -110,7 +110,7 @@ func runLoad(ctx context.Context, name string, args []string, t loadTest) int {
 	update := fs.Bool("update-results", false, "write the report into "+resultsDir+" (the committed figures) instead of a new folder under bench/out/")
 	var mtls *bool
 	if t.mutualTLS {
-		mtls = fs.Bool("mtls", false, "the gRPC connections to the sidecar and to the no-op over mutual TLS, with certificates made for the run")
+		mtls = fs.Bool("mtls", false, "the connections to the sidecars' gRPC and HTTP ports (and to the no-op, where the test has one) over mutual TLS, with certificates made for the run")
 	}
 	if code, done := parse(fs, args); done {
 		return code
@@ -196,7 +196,8 @@ func runCluster(ctx context.Context, name string, args []string) int {
 			rep, err := clusterload.Run(ctx, cfg, os.Stdout, os.Stderr)
 			return err == nil && cfg.Strict && !(rep.AimPass && rep.SinglePass), err
 		},
-		outputs: map[string]*string{"out": &cfg.Out, "plot": &cfg.Plot},
+		outputs:   map[string]*string{"out": &cfg.Out, "plot": &cfg.Plot},
+		mutualTLS: true,
 	})
 }
 

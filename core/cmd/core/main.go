@@ -148,7 +148,7 @@ func serve(ctx context.Context, cfg *config.Config, log *slog.Logger) error {
 	var middleware []fiber.Handler
 	var checker *authzcheck.Checker
 	if cfg.AuthzAddr != "" {
-		authzTLS, err := tlsconfig.ClientConfig(cfg.AuthzTLS, tlsconfig.Options{Logger: log})
+		authzTLS, err := tlsconfig.ClientConfig(cfg.AuthzTLS, cfg.AuthzAddr, tlsconfig.Options{Logger: log})
 		if err != nil {
 			return err
 		}
@@ -220,7 +220,7 @@ func serve(ctx context.Context, cfg *config.Config, log *slog.Logger) error {
 		maxConns = netlimit.DefaultMaxConns(openFiles)
 	}
 	ln, err := listen("CORE_ADDR", cfg.Addr, netlimit.Options{MaxConns: maxConns, MaxConnsPerIP: b.MaxConnsPerIP,
-		Exempt: cfg.TrustedProxies.Trusted, Refuse: netlimit.RefuseHTTP, Logger: log, Name: "CORE_ADDR"}, m)
+		Exempt: cfg.TrustedProxies.Trusted, Refuse: netlimit.HTTPRefusal(cfg.TLS != nil), Logger: log, Name: "CORE_ADDR"}, m)
 	if err != nil {
 		return err
 	}
@@ -250,7 +250,7 @@ func serve(ctx context.Context, cfg *config.Config, log *slog.Logger) error {
 		IdleTimeout: 2 * time.Minute, MaxHeaderBytes: 16 << 10,
 	}
 	// A scraper or a probe needs few connections; the ops address is loopback by default.
-	opsGuard := netlimit.Wrap(opsLn, netlimit.Options{MaxConns: 64, Refuse: netlimit.RefuseHTTP, Logger: log, Name: "CORE_OPS_ADDR"})
+	opsGuard := netlimit.Wrap(opsLn, netlimit.Options{MaxConns: 64, Refuse: netlimit.HTTPRefusal(cfg.OpsTLS != nil), Logger: log, Name: "CORE_OPS_ADDR"})
 	opsServeLn, err := tlsconfig.Listener(opsGuard, cfg.OpsTLS, tlsconfig.Options{Logger: log}, "http/1.1")
 	if err != nil {
 		ln.Close()
@@ -292,7 +292,7 @@ func serve(ctx context.Context, cfg *config.Config, log *slog.Logger) error {
 // resets and the legacy WebSocket's activities.
 func limiter(cfg *config.Config, log *slog.Logger) (login.Limiter, *limiterclient.Client, func(), error) {
 	if cfg.LimiterAddr != "" {
-		tlsCfg, err := tlsconfig.ClientConfig(cfg.LimiterTLS, tlsconfig.Options{Logger: log})
+		tlsCfg, err := tlsconfig.ClientConfig(cfg.LimiterTLS, cfg.LimiterAddr, tlsconfig.Options{Logger: log})
 		if err != nil {
 			return nil, nil, nil, err
 		}

@@ -57,7 +57,7 @@ func TestTLSEverywhere(t *testing.T) {
 		"LIMITER_ADDR": sidecar, "LIMITER_TLS_CA_FILE": serverCert.CAFile, "LIMITER_TLS_CERT_FILE": coreClient.CertFile,
 		"LIMITER_TLS_KEY_FILE": coreClient.KeyFile, "LIMITER_TLS_SERVER_NAME": "localhost",
 	})
-	client, err := tlsconfig.ClientConfig(&tlsconfig.ClientFiles{Name: "TEST", CAFile: serverCert.CAFile, CertFile: envoy.CertFile, KeyFile: envoy.KeyFile}, tlsconfig.Options{})
+	client, err := tlsconfig.ClientConfig(&tlsconfig.ClientFiles{Name: "TEST", CAFile: serverCert.CAFile, CertFile: envoy.CertFile, KeyFile: envoy.KeyFile}, "localhost", tlsconfig.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -103,7 +103,7 @@ func TestTLSEverywhere(t *testing.T) {
 	if code, _, err := get(&http.Client{Timeout: 5 * time.Second}, plainURL); err == nil && code == 200 {
 		t.Error("a plain-text client was answered 200")
 	}
-	noCert, err := tlsconfig.ClientConfig(&tlsconfig.ClientFiles{Name: "TEST", CAFile: serverCert.CAFile}, tlsconfig.Options{})
+	noCert, err := tlsconfig.ClientConfig(&tlsconfig.ClientFiles{Name: "TEST", CAFile: serverCert.CAFile}, "localhost", tlsconfig.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -118,7 +118,7 @@ func TestTLSEverywhere(t *testing.T) {
 		t.Errorf("the ops port over TLS without a client certificate: %d %v", code, err)
 	}
 	other := issue(testpki.Leaf{Name: "other", URIs: []string{"spiffe://cluster.local/ns/other/sa/x"}}, "other")
-	otherCfg, err := tlsconfig.ClientConfig(&tlsconfig.ClientFiles{Name: "TEST", CAFile: serverCert.CAFile, CertFile: other.CertFile, KeyFile: other.KeyFile}, tlsconfig.Options{})
+	otherCfg, err := tlsconfig.ClientConfig(&tlsconfig.ClientFiles{Name: "TEST", CAFile: serverCert.CAFile, CertFile: other.CertFile, KeyFile: other.KeyFile}, "localhost", tlsconfig.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}

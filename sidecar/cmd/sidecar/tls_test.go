@@ -5,14 +5,17 @@ package main
 // outside the allow list, and certificates rotated under running connections.
 
 import (
+	"bufio"
 	"context"
 	"crypto/tls"
+	"errors"
 	"io"
 	"net"
 	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -66,7 +69,8 @@ func newPortsTLS(t *testing.T) *portsTLS {
 		t.Fatal(err)
 	}
 	p.server = p.issue(t, testpki.Localhost("sidecar"), "sidecar")
-	p.env = map[string]string{}
+	// Free ports: other tests and programs on the machine use the defaults.
+	p.env = map[string]string{"SIDECAR_GRPC_ADDR": "127.0.0.1:0", "SIDECAR_HTTP_ADDR": "127.0.0.1:0"}
 	for _, port := range []string{"SIDECAR_GRPC_TLS", "SIDECAR_HTTP_TLS"} {
 		p.env[port+"_CERT_FILE"] = p.server.CertFile
 		p.env[port+"_KEY_FILE"] = p.server.KeyFile
@@ -96,7 +100,7 @@ func (p *portsTLS) clientConfig(t *testing.T, pair *testpki.Pair) *tls.Config {
 	if pair != nil {
 		f.CertFile, f.KeyFile = pair.CertFile, pair.KeyFile
 	}
-	c, err := tlsconfig.NewClient(f, tlsconfig.Options{})
+	c, err := tlsconfig.NewClient(f, "localhost", tlsconfig.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -267,4 +271,69 @@ func TestTLSRotation(t *testing.T) {
 	if _, err := n.call(&rlsv3.RateLimitRequest{Domain: "d", Descriptors: []*rlv3.RateLimitDescriptor{rd("k=v")}}); err != nil {
 		t.Fatalf("the connection opened before the rotation: %v", err)
 	}
+}
+
+// TestTLSHTTPPortRefusesByClosing: at the HTTP port's connection caps a TLS client's
+// connection is closed before the handshake, not answered with the plain-text 429 a
+// plain port writes (which a TLS client could only read as a broken handshake); the
+// connections within the cap are served.
+func TestTLSHTTPPortRefusesByClosing(t *testing.T) {
+	t.Parallel()
+	p := newPortsTLS(t)
+	p.env["SIDECAR_HTTP_MAX_CONNS_PER_IP"] = "1"
+	s := start(t, p.env)
+	_, httpAddr := s.addrs(30 * time.Second)
+
+	held, err := tls.DialWithDialer(&net.Dialer{Timeout: 5 * time.Second}, "tcp", httpAddr, p.client)
+	if err != nil {
+		t.Fatalf("the first connection: %v", err)
+	}
+	defer held.Close()
+	_ = held.SetDeadline(time.Now().Add(10 * time.Second))
+	if _, err := io.WriteString(held, "GET /healthz HTTP/1.1\r\nHost: sidecar\r\n\r\n"); err != nil {
+		t.Fatal(err)
+	}
+	resp, err := http.ReadResponse(bufio.NewReader(held), nil)
+	if err != nil || resp.StatusCode != 200 {
+		t.Fatalf("the first connection, within the cap: %v %v", resp, err)
+	}
+	resp.Body.Close()
+
+	// A second connection from the same address is over SIDECAR_HTTP_MAX_CONNS_PER_IP.
+	second, err := tls.DialWithDialer(&net.Dialer{Timeout: 5 * time.Second}, "tcp", httpAddr, p.client)
+	if err == nil {
+		second.Close()
+		t.Fatal("a connection over the per-address cap was served")
+	}
+	if strings.Contains(err.Error(), "does not look like a TLS handshake") || strings.Contains(err.Error(), "HTTP") {
+		t.Fatalf("the refusal reached the TLS client as plain text: %v", err)
+	}
+	var alert tls.AlertError
+	if !errors.Is(err, io.EOF) && !errors.Is(err, syscall.ECONNRESET) && !errors.As(err, &alert) {
+		t.Errorf("the refusal: %v, want the connection closed", err)
+	}
+	// The refused connection was counted.
+	held.Close()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		body, err := getBody("https://"+httpAddr+"/metrics", p.client)
+		if err == nil && strings.Contains(body, "converger_sidecar_http_connections_refused_total 1") {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("converger_sidecar_http_connections_refused_total is not 1: %v\n%s", err, body)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+func getBody(url string, cfg *tls.Config) (string, error) {
+	client := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{TLSClientConfig: cfg}}
+	resp, err := client.Get(url)
+	if err != nil {
+		return "", err
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	return string(b), err
 }
