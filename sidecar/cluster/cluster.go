@@ -16,6 +16,7 @@ import (
 	"log/slog"
 	"net"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -51,6 +52,10 @@ type Config struct {
 	SyncInterval time.Duration
 	// ShareMode divides each counter's limit among the nodes counting it (share.go).
 	ShareMode bool
+	// GrantWait is how long a check refused by its share-mode bound below the limit
+	// waits for the key's owner to grant room (grant.go): DefaultGrantWait when zero;
+	// negative, no node asks.
+	GrantWait time.Duration
 	// PushPullInterval is how often memberlist exchanges full state with a random peer
 	// (30 s when zero).
 	PushPullInterval time.Duration
@@ -101,6 +106,9 @@ type Cluster struct {
 
 	peersMu    sync.Mutex
 	peerStates map[string]*peerState // by member name (traffic.go)
+
+	ownersMu sync.Mutex
+	owners   owners // the keys' owners (grant.go), made again on membership events
 }
 
 // Start joins (or founds) the cluster and starts replicating lim's counters.
@@ -148,6 +156,15 @@ func Start(cfg Config, lim *limiter.Limiter) (*Cluster, error) {
 	}
 	c.slots = c.rep.slots
 	c.m = newMetrics(cfg.Registry, c.newestAge)
+	if cfg.GrantWait == 0 {
+		c.cfg.GrantWait = DefaultGrantWait
+	}
+	interval := max(cfg.SyncInterval.Milliseconds(), 1)
+	c.owners = owners{self: cfg.NodeName, changedAt: c.nowMS(),
+		settle: (silentIntervals+1)*interval + max(c.cfg.GrantWait.Milliseconds(), 0)}
+	if cfg.ShareMode && c.cfg.GrantWait > 0 {
+		lim.OnBoundRefused(c.askRoom)
+	}
 
 	mc := memberlist.DefaultLANConfig()
 	mc.Name = cfg.NodeName
@@ -452,9 +469,148 @@ func (c *Cluster) shareEnv(now int64) shareEnv {
 		live[name] = name != c.cfg.NodeName
 	}
 	c.membersMu.Unlock()
-	return shareEnv{
+	env := shareEnv{
 		now: now, intervalMS: max(c.cfg.SyncInterval.Milliseconds(), 1),
 		live: func(name string) bool { return live[name] }, members: max(len(live), 1),
+	}
+	c.ownersMu.Lock()
+	o := c.owners
+	c.ownersMu.Unlock()
+	if o.names != nil {
+		env.grants = true
+		env.owns = func(k limiter.Key) bool { return o.owns(c.lim.BucketName(k.Bucket), k.ID, now) }
+	}
+	return env
+}
+
+// grantsOn says this node asks and answers grants.
+func (c *Cluster) grantsOn() bool { return c.cfg.ShareMode && c.cfg.GrantWait > 0 }
+
+// updateOwners makes the owners again from the live members (the caller holds
+// membersMu): grants are on when every live member announces them, this node included.
+func (c *Cluster) updateOwners() {
+	var names []string
+	on := c.grantsOn()
+	for name, n := range c.members {
+		if len(n.Meta) < 2 || n.Meta[1]&featureGrants == 0 {
+			on = false
+		}
+		names = append(names, name)
+	}
+	if !on {
+		names = nil
+	} else {
+		names = sortedNames(names)
+	}
+	c.ownersMu.Lock()
+	defer c.ownersMu.Unlock()
+	if !slices.Equal(names, c.owners.names) || (names == nil) != (c.owners.names == nil) {
+		c.owners.prev, c.owners.names, c.owners.changedAt = c.owners.names, names, c.nowMS()
+	}
+}
+
+// askRoom is told of n hits of k that share mode's bound refused below the limit: it
+// asks the key's owner for room and waits for the answer, at most GrantWait (grant.go),
+// and reports whether the bound rose.
+func (c *Cluster) askRoom(k limiter.Key, n uint32, sizeMS, endMS int64) bool {
+	now := c.nowMS()
+	env := c.shareEnv(now)
+	if !env.grants {
+		return false
+	}
+	c.ownersMu.Lock()
+	owner := ownerOf(c.lim.BucketName(k.Bucket), k.ID, c.owners.names)
+	c.ownersMu.Unlock()
+	if owner == c.cfg.NodeName {
+		g := c.rep.grantSelf(k, n, endMS, env)
+		c.noteGrant("self", g)
+		return g > 0
+	}
+	c.membersMu.Lock()
+	node, ok := c.members[owner]
+	c.membersMu.Unlock()
+	if !ok {
+		return false
+	}
+	waitMS := max(c.cfg.GrantWait.Milliseconds(), 1)
+	a, first, ok := c.rep.asks.start(k, sizeMS, endMS, now, waitMS)
+	if !ok {
+		return false
+	}
+	if first {
+		q := c.rep.request(k, a, n, now, waitMS)
+		if err := c.ml.SendBestEffort(&node, encodeAsk(q)); err != nil {
+			c.m.sendErrors.Inc()
+			c.rep.asks.end(k, a, 0)
+			return false
+		}
+		c.m.grants.WithLabelValues("asked", "sent").Inc()
+	}
+	t := time.NewTimer(time.Duration(a.deadline-now) * time.Millisecond)
+	defer t.Stop()
+	select {
+	case <-a.done:
+	case <-t.C:
+	case <-c.stop:
+	}
+	granted, answered := c.rep.asks.result(a)
+	if first && !answered {
+		c.m.grants.WithLabelValues("asked", "timed_out").Inc()
+		c.rep.asks.end(k, a, 0)
+	}
+	return granted
+}
+
+// noteGrant counts a grant this node made as the owner (to another node, or to itself).
+func (c *Cluster) noteGrant(to string, g uint32) {
+	result := "zero"
+	if g > 0 {
+		result = "granted"
+		c.m.grantedHits.WithLabelValues(to).Add(float64(g))
+	}
+	c.m.grants.WithLabelValues("answered_"+to, result).Inc()
+}
+
+// receiveAsk answers another node's request for room, as the key's owner.
+func (c *Cluster) receiveAsk(b []byte) {
+	q, err := decodeAsk(b)
+	if err != nil {
+		c.m.malformed.Inc()
+		return
+	}
+	name, _, _ := strings.Cut(q.origin, "#")
+	c.membersMu.Lock()
+	node, ok := c.members[name]
+	c.membersMu.Unlock()
+	if !ok || name == c.cfg.NodeName {
+		return
+	}
+	ans, ok := c.rep.grant(q, c.shareEnv(c.nowMS()))
+	if !ok {
+		return
+	}
+	c.noteGrant("other", ans.grant)
+	if err := c.ml.SendBestEffort(&node, encodeAnswer(ans)); err != nil {
+		c.m.sendErrors.Inc()
+	}
+}
+
+// receiveAnswer applies an owner's answer to this node's request.
+func (c *Cluster) receiveAnswer(b []byte) {
+	ans, err := decodeAnswer(b)
+	if err != nil {
+		c.m.malformed.Inc()
+		return
+	}
+	a, applied := c.rep.answer(ans, c.nowMS(), max(c.cfg.SyncInterval.Milliseconds(), 1))
+	switch {
+	case a == nil:
+	case applied:
+		c.m.grants.WithLabelValues("asked", "granted").Inc()
+	case ans.grant == 0:
+		c.m.grants.WithLabelValues("asked", "zero").Inc()
+	default:
+		c.m.grants.WithLabelValues("asked", "late").Inc()
 	}
 }
 
@@ -519,15 +675,30 @@ func (c *Cluster) Debug(bucket, key string) DebugCounter {
 // delegate is the Cluster as memberlist's Delegate.
 type delegate Cluster
 
-// NodeMeta announces the newest sync message version this node reads.
-func (d *delegate) NodeMeta(int) []byte             { return []byte{version} }
+// NodeMeta announces the newest sync message version this node reads, and whether it
+// asks and answers grants.
+func (d *delegate) NodeMeta(int) []byte {
+	if d.c().grantsOn() {
+		return []byte{version, featureGrants}
+	}
+	return []byte{version}
+}
 func (d *delegate) GetBroadcasts(int, int) [][]byte { return nil }
 func (d *delegate) c() *Cluster                     { return (*Cluster)(d) }
 func (d *delegate) NotifyMsg(b []byte) {
 	c := d.c()
-	if len(b) > 0 && b[0] == trafficKind {
-		c.receiveTraffic(b)
-		return
+	if len(b) > 0 {
+		switch b[0] {
+		case trafficKind:
+			c.receiveTraffic(b)
+			return
+		case askKind:
+			c.receiveAsk(b)
+			return
+		case answerKind:
+			c.receiveAnswer(b)
+			return
+		}
 	}
 	m, err := decode(b)
 	if err != nil {
@@ -627,6 +798,7 @@ func (e *events) NotifyJoin(n *memberlist.Node) {
 	c.members[n.Name] = copyNode(n)
 	_, back := c.gone[n.Name]
 	delete(c.gone, n.Name)
+	c.updateOwners()
 	c.membersMu.Unlock()
 	if back {
 		// Not from this callback: memberlist holds its lock while it calls it.
@@ -654,6 +826,7 @@ func (e *events) NotifyLeave(n *memberlist.Node) {
 		clear(c.gone)
 	}
 	c.gone[n.Name] = struct{}{}
+	c.updateOwners()
 	c.membersMu.Unlock()
 }
 
@@ -662,6 +835,7 @@ func (e *events) NotifyUpdate(n *memberlist.Node) {
 	c.membersMu.Lock()
 	if _, ok := c.members[n.Name]; ok {
 		c.members[n.Name] = copyNode(n)
+		c.updateOwners()
 	}
 	c.membersMu.Unlock()
 }
