@@ -505,6 +505,9 @@ func (c *Cluster) updateOwners() {
 	c.ownersMu.Lock()
 	defer c.ownersMu.Unlock()
 	if !slices.Equal(names, c.owners.names) || (names == nil) != (c.owners.names == nil) {
+		if (names == nil) != (c.owners.names == nil) {
+			c.log.Info("share mode's grants", "on", names != nil, "members", len(c.members))
+		}
 		c.owners.prev, c.owners.names, c.owners.changedAt = c.owners.names, names, c.nowMS()
 	}
 }
@@ -513,6 +516,8 @@ func (c *Cluster) updateOwners() {
 // asks the key's owner for room and waits for the answer, at most GrantWait (grant.go),
 // and reports whether the bound rose.
 func (c *Cluster) askRoom(k limiter.Key, n uint32, sizeMS, endMS int64) bool {
+	// The caller may reuse the id's bytes once the check returns; the request outlives it.
+	k.ID = strings.Clone(k.ID)
 	now := c.nowMS()
 	env := c.shareEnv(now)
 	if !env.grants {
@@ -647,6 +652,9 @@ type DebugCounter struct {
 	NextBound *uint32    `json:"share_bound_next,omitempty"`
 	Slots     []SlotView `json:"slots"`
 	Members   []string   `json:"members"`
+	// Owner is the member that grants the part of the limit nobody holds (grant.go);
+	// absent while grants are off.
+	Owner string `json:"owner,omitempty"`
 }
 
 // Debug returns one counter's state: this node's count and every remote slot.
@@ -669,6 +677,11 @@ func (c *Cluster) Debug(bucket, key string) DebugCounter {
 	if v := c.slots.view(k); v != nil {
 		d.Slots = v
 	}
+	c.ownersMu.Lock()
+	if c.owners.names != nil {
+		d.Owner = ownerOf(bucket, key, c.owners.names)
+	}
+	c.ownersMu.Unlock()
 	return d
 }
 

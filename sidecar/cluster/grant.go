@@ -185,12 +185,16 @@ func decodeAnswer(b []byte) (grantAnswer, error) {
 }
 
 // asks is a node's side of the grants: one request per key at a time, which every
-// check of the key refused meanwhile waits on, and the keys granted room since the
-// last flush (their values go to every member with it, so that all know the bound).
+// check of the key refused meanwhile waits on, and the keys whose value is to be sent
+// to every member: at the next flush once a grant raised the bound, so that all know
+// it, and in any case at the first flush after the request's deadline, so that the
+// owner, which holds what it granted until a value sent after it, lets go of a grant
+// that came late or not at all.
 type asks struct {
 	mu      sync.Mutex
 	pending map[limiter.Key]*ask
-	raised  []limiter.Key
+	soon    map[limiter.Key]struct{} // sent by the next flush
+	after   map[limiter.Key]int64    // sent by the first flush after the time
 	lastID  uint64
 	// zero holds the keys the owner answered 0 for (or did not answer), by when the
 	// node may ask again: the owner learns of more room only from syncs.
@@ -226,13 +230,22 @@ func (as *asks) start(k limiter.Key, sizeMS, endMS, now, waitMS int64) (a *ask, 
 		as.pending = map[limiter.Key]*ask{}
 		as.zero = map[limiter.Key]int64{}
 	}
-	if len(as.pending) >= maxAsks {
+	if len(as.pending) >= maxAsks || len(as.after) >= 2*maxAsks {
 		return nil, false, false
 	}
 	as.lastID++
 	a = &ask{id: as.lastID, sizeMS: sizeMS, endMS: endMS, deadline: now + waitMS, done: make(chan struct{})}
 	as.pending[k] = a
+	as.sendAfter(k, a.deadline)
 	return a, true, true
+}
+
+// sendAfter has the key's value sent by the first flush after at (the caller holds mu).
+func (as *asks) sendAfter(k limiter.Key, at int64) {
+	if as.after == nil {
+		as.after = map[limiter.Key]int64{}
+	}
+	as.after[k] = max(as.after[k], at)
 }
 
 // end drops k's request a (timed out or answered) and, when nothing was granted,
@@ -266,19 +279,33 @@ func (as *asks) result(a *ask) (granted, answered bool) {
 	return a.answered && a.grant > 0, a.answered
 }
 
+// noteGranted has k's value sent by the next flush: its bound rose.
 func (as *asks) noteGranted(k limiter.Key) {
 	as.mu.Lock()
-	as.raised = append(as.raised, k)
+	if as.soon == nil {
+		as.soon = map[limiter.Key]struct{}{}
+	}
+	as.soon[k] = struct{}{}
 	as.mu.Unlock()
 }
 
-// granted returns and clears the keys granted room since the last call.
-func (as *asks) granted() []limiter.Key {
+// due returns the keys whose value a flush at now sends, and forgets them; a key whose
+// bound rose with a request still open is sent now and once more after its deadline.
+func (as *asks) due(now int64) []limiter.Key {
 	as.mu.Lock()
 	defer as.mu.Unlock()
-	g := as.raised
-	as.raised = nil
-	return g
+	var out []limiter.Key
+	for k := range as.soon {
+		out = append(out, k)
+	}
+	clear(as.soon)
+	for k, at := range as.after {
+		if at < now {
+			out = append(out, k)
+			delete(as.after, k)
+		}
+	}
+	return out
 }
 
 // sweep forgets the requests and zero answers that are over by now.

@@ -59,7 +59,7 @@ func (r *replicator) flush(env shareEnv) flushResult {
 		r.shareMu.Lock()
 		res.capped, bounds = r.slots.shareTick(touched, changed, env)
 		r.shareMu.Unlock()
-		bounds = append(bounds, r.asks.granted()...)
+		bounds = append(bounds, r.asks.due(env.now)...)
 		r.asks.sweep(env.now)
 	}
 	sent := make(map[limiter.Key]struct{}, len(keys)+len(r.resend)+len(bounds))

@@ -70,7 +70,7 @@ type slot struct {
 	prevDemand uint32
 	// floor is the bound this node, the key's owner, granted the origin, held for it
 	// until a value sent after floorUntil (the origin's clock: the latest moment it
-	// applies a grant) shows its own (grant.go).
+	// applies a grant), or one with a bound as high, shows its own (grant.go).
 	floor      uint32
 	floorUntil int64
 }
@@ -148,7 +148,9 @@ func (s *slots) merge(origin string, v value, sentAt, now int64) mergeResult {
 			if v.share && sentAt >= sl.at {
 				sl.share, sl.refused, sl.cap, sl.capped, sl.limit, sl.at = true, max(sl.refused, v.refused), v.cap, v.capped, v.limit, sentAt
 			}
-			if sl.floor > 0 && v.share && sentAt > sl.floorUntil {
+			if sl.floor > 0 && v.share && (sentAt > sl.floorUntil || (sentAt >= sl.at && v.capped && v.cap >= sl.floor)) {
+				// A value sent after the asker could still apply a grant, or one whose
+				// bound holds all that was granted: its bound is what it holds.
 				sl.floor = 0
 			}
 			if sl.demand() > before {
@@ -450,6 +452,9 @@ func (s *slots) view(k limiter.Key) []SlotView {
 			if sl.capped {
 				v.Bound = &sl.cap
 			}
+			if sl.floor > 0 {
+				v.Granted = &sl.floor
+			}
 			out = append(out, v)
 		}
 	}
@@ -457,7 +462,8 @@ func (s *slots) view(k limiter.Key) []SlotView {
 }
 
 // SlotView is one remote origin's slot of a counter, with what share mode knows of it:
-// the hits its bound refused, and its bound (absent: none, or not known).
+// the hits its bound refused, its bound (absent: none, or not known), and what this
+// node granted it as the key's owner.
 type SlotView struct {
 	Origin      string  `json:"origin"`
 	WindowMS    int64   `json:"window_ms"`
@@ -465,6 +471,9 @@ type SlotView struct {
 	Count       uint32  `json:"count"`
 	Refused     uint32  `json:"refused"`
 	Bound       *uint32 `json:"share_bound,omitempty"`
+	// Granted is the bound this node, the key's owner, granted the origin, held until
+	// the origin's values show it (absent: none).
+	Granted *uint32 `json:"share_granted,omitempty"`
 }
 
 // grantRoom is the owner's grant (grant.go) to origin, asking for want hits of k in the
