@@ -159,9 +159,7 @@ func Start(cfg Config, lim *limiter.Limiter) (*Cluster, error) {
 	if cfg.GrantWait == 0 {
 		c.cfg.GrantWait = DefaultGrantWait
 	}
-	interval := max(cfg.SyncInterval.Milliseconds(), 1)
-	c.owners = owners{self: cfg.NodeName, changedAt: c.nowMS(),
-		settle: (silentIntervals+1)*interval + max(c.cfg.GrantWait.Milliseconds(), 0)}
+	c.owners = newOwners(cfg.NodeName, c.nowMS(), max(cfg.SyncInterval.Milliseconds(), 1), max(c.cfg.GrantWait.Milliseconds(), 0))
 	if cfg.ShareMode && c.cfg.GrantWait > 0 {
 		lim.OnBoundRefused(c.askRoom)
 	}

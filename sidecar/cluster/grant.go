@@ -72,20 +72,30 @@ type owners struct {
 	// names are the live members running grants, this node included; nil when some
 	// live member does not (grants are off).
 	names []string
-	// prev is the names before the last change, at changedAt: for settle after it, a
-	// node owns a key only if it owned it before too (grants the previous owner made
-	// reach it with the borrowers' next syncs).
-	prev      []string
-	changedAt int64
-	settle    int64
+	// prev is the names before the last change, at changedAt. A node that comes to own
+	// a key by a change grants only settleMove after it, once the grants the previous
+	// owner made have reached it with the borrowers' next syncs; and none until
+	// settleStart after its own start (startedAt), once every node holding a bound it
+	// does not count has sent it or fallen silent.
+	prev                    []string
+	changedAt, startedAt    int64
+	settleMove, settleStart int64
 }
 
-// owns reports whether this node owns k (of the bucket named) at now.
+// newOwners returns the owners of a node starting at now, syncing every intervalMS and
+// waiting waitMS for grants.
+func newOwners(self string, now, intervalMS, waitMS int64) owners {
+	return owners{self: self, changedAt: now, startedAt: now,
+		settleMove:  intervalMS + waitMS + max(intervalMS/4, 10),
+		settleStart: (silentIntervals+1)*intervalMS + waitMS}
+}
+
+// owns reports whether this node owns k (of the bucket named) at now, and may grant.
 func (o *owners) owns(bucket, id string, now int64) bool {
-	if o.names == nil || ownerOf(bucket, id, o.names) != o.self {
+	if o.names == nil || ownerOf(bucket, id, o.names) != o.self || now < o.startedAt+o.settleStart {
 		return false
 	}
-	return now >= o.changedAt+o.settle || (o.prev != nil && ownerOf(bucket, id, o.prev) == o.self)
+	return now >= o.changedAt+o.settleMove || (o.prev != nil && ownerOf(bucket, id, o.prev) == o.self)
 }
 
 // grantRequest is a node's request for room of one key.

@@ -1,6 +1,7 @@
 package cluster
 
 import (
+	"fmt"
 	"testing"
 	"time"
 
@@ -27,7 +28,7 @@ func TestGrantsBetweenTwoNodes(t *testing.T) {
 	on := func(c *Cluster) bool {
 		c.ownersMu.Lock()
 		defer c.ownersMu.Unlock()
-		return len(c.owners.names) == 2 && c.nowMS() >= c.owners.changedAt+c.owners.settle
+		return len(c.owners.names) == 2 && c.nowMS() >= c.owners.changedAt+c.owners.settleMove && c.nowMS() >= c.owners.startedAt+c.owners.settleStart
 	}
 	for !on(a) || !on(b) {
 		if time.Now().After(deadline) {
@@ -75,4 +76,98 @@ func TestGrantsBetweenTwoNodes(t *testing.T) {
 		t.Errorf("b asked %g and was granted %g times; a granted %g", asked, granted, given)
 	}
 	t.Logf("b asked %g times, granted %g; a gave %g hits", asked, granted, counter(t, a.m.grantedHits.WithLabelValues("other")))
+}
+
+// TestOwnerOf: every member with the same view picks the same owner, keys spread over
+// the members, and a member leaving moves only the keys it owned.
+func TestOwnerOf(t *testing.T) {
+	all := []string{"n1", "n2", "n3", "n4", "n5"}
+	without := []string{"n1", "n2", "n4", "n5"}
+	per := map[string]int{}
+	for i := range 1000 {
+		id := fmt.Sprintf("198.51.100.%d/%d", i%256, i)
+		o := ownerOf("token_create", id, all)
+		if o2 := ownerOf("token_create", id, []string{"n5", "n3", "n1", "n4", "n2"}); o2 != o {
+			t.Fatalf("%s: owner %s, or %s in another order", id, o, o2)
+		}
+		per[o]++
+		if o2 := ownerOf("token_create", id, without); o != "n3" && o2 != o {
+			t.Errorf("%s moved from %s to %s when n3 left", id, o, o2)
+		}
+	}
+	for _, m := range all {
+		if per[m] < 150 || per[m] > 250 {
+			t.Errorf("%s owns %d of 1000 keys: %v", m, per[m], per)
+		}
+	}
+}
+
+// TestOwnsAfterSettling: a node that comes to own a key by a membership change grants
+// only once the previous owner's grants can have reached it; a node that owned it
+// before keeps granting; a node just started grants nothing until it has heard the
+// bounds.
+func TestOwnsAfterSettling(t *testing.T) {
+	o := newOwners("n1", 0, 100, 10)
+	o.names = []string{"n1", "n2"}
+	var mine, moved string
+	for i := 0; mine == "" || moved == ""; i++ {
+		id := fmt.Sprintf("k%d", i)
+		switch {
+		case ownerOf("b", id, o.names) == "n1" && ownerOf("b", id, []string{"n1", "n2", "n3"}) == "n1":
+			mine = id
+		case ownerOf("b", id, o.names) == "n1" && ownerOf("b", id, []string{"n1", "n2", "n3"}) == "n3":
+			moved = id
+		}
+	}
+	if o.owns("b", mine, o.settleStart-1) || !o.owns("b", mine, o.settleStart) {
+		t.Errorf("a node just started owns from %d ms, want %d", o.settleStart, o.settleStart)
+	}
+	// n3 joins at 1000, then leaves at 2000.
+	o.prev, o.names, o.changedAt = o.names, []string{"n1", "n2", "n3"}, 1000
+	if !o.owns("b", mine, 1001) || o.owns("b", moved, 1001) {
+		t.Errorf("after n3 joined: owns %s %v (want true), %s %v (want false: n3's)", mine, o.owns("b", mine, 1001), moved, o.owns("b", moved, 1001))
+	}
+	o.prev, o.names, o.changedAt = o.names, []string{"n1", "n2"}, 2000
+	if o.owns("b", moved, 2000+o.settleMove-1) || !o.owns("b", moved, 2000+o.settleMove) {
+		t.Errorf("after n3 left: owns %s from %d ms after, want %d", moved, o.settleMove, o.settleMove)
+	}
+	o.names = nil
+	if o.owns("b", mine, 10_000) {
+		t.Error("owns a key with grants off")
+	}
+}
+
+// TestGrantMessages: asks and answers round-trip; every truncation, and a zero want,
+// is refused whole.
+func TestGrantMessages(t *testing.T) {
+	q := grantRequest{sentAt: t0, origin: "n2#0001", id: 7, want: 3, waitMS: 10,
+		v: value{bucket: "token_create", id: "198.51.100.7", sizeMS: minute, endMS: t0 + minute, count: 4, share: true, refused: 2, cap: 4, capped: true, limit: 10}}
+	b := encodeAsk(q)
+	got, err := decodeAsk(b)
+	if err != nil || got != q {
+		t.Fatalf("ask: %+v, %v; want %+v", got, err, q)
+	}
+	for i := range b {
+		if _, err := decodeAsk(b[:i]); err == nil {
+			t.Errorf("an ask cut at %d of %d bytes decoded", i, len(b))
+		}
+	}
+	zero := q
+	zero.want = 0
+	if _, err := decodeAsk(encodeAsk(zero)); err == nil {
+		t.Error("an ask for nothing decoded")
+	}
+	a := grantAnswer{origin: "n1#0002", id: 7, bucket: "token_create", key: "198.51.100.7", endMS: t0 + minute, grant: 2}
+	b = encodeAnswer(a)
+	if got, err := decodeAnswer(b); err != nil || got != a {
+		t.Fatalf("answer: %+v, %v; want %+v", got, err, a)
+	}
+	for i := range b {
+		if _, err := decodeAnswer(b[:i]); err == nil {
+			t.Errorf("an answer cut at %d of %d bytes decoded", i, len(b))
+		}
+	}
+	if _, err := decode(encodeAsk(q)); err == nil {
+		t.Error("an ask decoded as a sync message")
+	}
 }

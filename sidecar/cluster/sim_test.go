@@ -158,7 +158,7 @@ func (s *simCluster) env(now int64) shareEnv {
 func (s *simCluster) envOf(i int, now int64) shareEnv {
 	env := s.env(now)
 	if s.grants {
-		o := &owners{self: s.nodes[i].name, names: s.liveNames(), settle: 0}
+		o := &owners{self: s.nodes[i].name, names: s.liveNames(), changedAt: t0 - minute, startedAt: t0 - minute}
 		lim := s.nodes[i].lim
 		env.grants = true
 		env.owns = func(k limiter.Key) bool { return o.owns(lim.BucketName(k.Bucket), k.ID, now) }
