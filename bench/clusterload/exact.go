@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/converger/edge/bench/procs"
+	"github.com/converger/edge/bench/promscrape"
 	"github.com/converger/edge/bench/rawcheck"
 	"github.com/converger/edge/bench/runinfo"
 	"github.com/converger/edge/shared/limiterclient"
@@ -37,6 +38,9 @@ type ExactConfig struct {
 	Keys     int // keys (trials) per scenario
 	Rounds   int // fresh clusters per binary and size, alternating
 	Out      string
+	// GrantWait, when set, is the sidecars' RATE_LIMIT_GRANT_WAIT_MS (the baseline
+	// ignores it).
+	GrantWait string
 }
 
 func (e *ExactConfig) register(fs *flag.FlagSet) {
@@ -45,6 +49,7 @@ func (e *ExactConfig) register(fs *flag.FlagSet) {
 	fs.Var((*intList)(&e.Nodes), "exact-n", "-exact: cluster sizes, comma-separated (default 3,20)")
 	fs.IntVar(&e.Keys, "exact-keys", 20, "-exact: keys (trials) per scenario")
 	fs.IntVar(&e.Rounds, "exact-rounds", 1, "-exact: fresh clusters per binary and size, the binaries alternating")
+	fs.StringVar(&e.GrantWait, "exact-grant-wait", "", "-exact: the sidecars' RATE_LIMIT_GRANT_WAIT_MS (empty: their default)")
 	fs.StringVar(&e.Out, "exact-out", "", "-exact: markdown file whose section between the exactness markers is replaced (e.g. bench/results/cluster-sync.md); empty: none")
 }
 
@@ -154,6 +159,9 @@ type ExactReport struct {
 	Command            string
 	Results            []ExactResult
 	Pass               bool // the sidecar met the aims in every scenario
+	// Grants are the owner's grants (converger_cluster_share_grants_total summed over
+	// the nodes) of each cluster run, by "N nodes, binary".
+	Grants []string
 }
 
 // RunExact runs the exactness scenarios and writes their section of the report.
@@ -205,9 +213,13 @@ func RunExact(ctx context.Context, cfg Config, stdout, stderr io.Writer) (*Repor
 		for round := range e.Rounds {
 			for _, b := range names {
 				logf("%d nodes, %s (round %d of %d)", n, b, round+1, e.Rounds)
-				outs, err := exactOnCluster(ctx, bins[b], limits, n, e.Keys, scens, stderr)
+				outs, grants, err := exactOnCluster(ctx, bins[b], limits, n, e.Keys, scens, e.GrantWait, stderr)
 				if err != nil {
 					return nil, fmt.Errorf("%s, %d nodes: %w", b, n, err)
+				}
+				if grants != "" {
+					rep.Grants = append(rep.Grants, fmt.Sprintf("%d nodes, %s: %s", n, b, grants))
+					logf("%d nodes, %s: grants %s", n, b, grants)
 				}
 				for i, sc := range scens {
 					id := fmt.Sprintf("%d|%s|%d", n, b, i)
@@ -282,21 +294,24 @@ type trialOutcome struct {
 // exactOnCluster starts a cluster of n with the binary, its clocks shifted so that a
 // minute window begins once it has formed, and runs every scenario on keys keys at once
 // in that window. It returns the outcomes by scenario.
-func exactOnCluster(ctx context.Context, bin, limits string, n, keys int, scens []exactScenario, stderr io.Writer) ([][]trialOutcome, error) {
+func exactOnCluster(ctx context.Context, bin, limits string, n, keys int, scens []exactScenario, grantWait string, stderr io.Writer) ([][]trialOutcome, string, error) {
 	const windowMS = 60_000
 	budget := 3*time.Second + time.Duration(n)*300*time.Millisecond // to start and form
 	start := time.Now().Add(budget).UnixMilli()
 	offset := (start/windowMS+1)*windowMS - start // the shifted clock: a window begins at start
-	c, err := startCluster(ctx, clusterSpec{bin: bin, limitsFile: limits, nodes: n, syncMS: AimSyncMS, share: true,
-		env: []string{fmt.Sprintf("SIDECAR_TEST_CLOCK_OFFSET_MS=%d", offset)}}, stderr)
+	env := []string{fmt.Sprintf("SIDECAR_TEST_CLOCK_OFFSET_MS=%d", offset)}
+	if grantWait != "" {
+		env = append(env, "RATE_LIMIT_GRANT_WAIT_MS="+grantWait)
+	}
+	c, err := startCluster(ctx, clusterSpec{bin: bin, limitsFile: limits, nodes: n, syncMS: AimSyncMS, share: true, env: env}, stderr)
 	if err != nil {
-		return nil, err
+		return nil, "", err
 	}
 	defer c.stop()
 	lims := make([]*limiterclient.Client, n)
 	for i, nd := range c.nodes {
 		if lims[i], err = limiterclient.New(nd.grpc); err != nil {
-			return nil, err
+			return nil, "", err
 		}
 		defer lims[i].Close()
 	}
@@ -305,7 +320,7 @@ func exactOnCluster(ctx context.Context, bin, limits string, n, keys int, scens 
 	begin := (shifted()/windowMS+1)*windowMS + 500
 	sleepUntil(ctx, time.UnixMilli(begin-offset))
 	if ctx.Err() != nil {
-		return nil, ctx.Err()
+		return nil, "", ctx.Err()
 	}
 	out := make([][]trialOutcome, len(scens))
 	var wg sync.WaitGroup
@@ -322,9 +337,39 @@ func exactOnCluster(ctx context.Context, bin, limits string, n, keys int, scens 
 	}
 	wg.Wait()
 	if end := shifted(); end/windowMS != begin/windowMS {
-		return nil, fmt.Errorf("the trials outlasted their window (machine too slow)")
+		return nil, "", fmt.Errorf("the trials outlasted their window (machine too slow)")
 	}
-	return out, c.exited()
+	return out, grantSummary(ctx, c), c.exited()
+}
+
+// grantSummary sums the owner's grants over the nodes ("" when none reports them: a
+// release without grants).
+func grantSummary(ctx context.Context, c *cluster) string {
+	sum := map[string]float64{}
+	for _, n := range c.nodes {
+		samples, err := promscrape.Scrape(ctx, "http://"+n.http+"/metrics", []string{"converger_cluster_share_grants_total{"})
+		if err != nil {
+			continue
+		}
+		for _, s := range samples {
+			sum[s.Name] += s.Value
+		}
+	}
+	if len(sum) == 0 {
+		return ""
+	}
+	get := func(role, result string) float64 {
+		t := 0.0
+		for k, v := range sum {
+			if strings.Contains(k, `role="`+role+`"`) && strings.Contains(k, `result="`+result+`"`) {
+				t += v
+			}
+		}
+		return t
+	}
+	return fmt.Sprintf("asked %g (granted %g, zero %g, timed out %g, late %g); owners answered %g with room and %g with none (themselves: %g and %g)",
+		get("asked", "sent"), get("asked", "granted"), get("asked", "zero"), get("asked", "timed_out"), get("asked", "late"),
+		get("answered_other", "granted"), get("answered_other", "zero"), get("answered_self", "granted"), get("answered_self", "zero"))
 }
 
 // runTrial runs a plan on one key.
@@ -424,6 +469,13 @@ func (r *ExactReport) Markdown() string {
 				met = map[bool]string{true: "met", false: "**missed**"}[exactMet(side)]
 			}
 			fmt.Fprintf(&b, "| %s | %d | %s | %s | %s |\n", name, max(side.Offered, base.Offered), cell(base, okB), cell(side, okS), met)
+		}
+		b.WriteString("\n")
+	}
+	if len(r.Grants) > 0 {
+		b.WriteString("The owner's grants (`converger_cluster_share_grants_total`, summed over the nodes of each run):\n\n")
+		for _, g := range r.Grants {
+			fmt.Fprintf(&b, "- %s\n", g)
 		}
 		b.WriteString("\n")
 	}

@@ -356,8 +356,8 @@ func (r *replicator) grant(q grantRequest, env shareEnv) (grantAnswer, bool) {
 	if q.origin == r.origin || !env.grants || !r.share {
 		return ans, false
 	}
-	r.shareMu.Lock()
-	defer r.shareMu.Unlock()
+	r.slots.planMu.Lock()
+	defer r.slots.planMu.Unlock()
 	if r.slots.merge(q.origin, q.v, q.sentAt, env.now) != merged {
 		return ans, false
 	}
@@ -376,8 +376,8 @@ func (r *replicator) grant(q grantRequest, env shareEnv) (grantAnswer, bool) {
 
 // grantSelf is the owner's grant to itself.
 func (r *replicator) grantSelf(k limiter.Key, want uint32, endMS int64, env shareEnv) uint32 {
-	r.shareMu.Lock()
-	defer r.shareMu.Unlock()
+	r.slots.planMu.Lock()
+	defer r.slots.planMu.Unlock()
 	if !env.owns(k) {
 		return 0
 	}
@@ -403,9 +403,9 @@ func (r *replicator) answer(ans grantAnswer, now, intervalMS int64) (*ask, bool)
 	}
 	applied := false
 	if ans.grant > 0 {
-		r.shareMu.Lock()
+		r.slots.planMu.Lock()
 		applied = r.lim.RaiseCap(k, a.sizeMS, a.endMS, ans.grant)
-		r.shareMu.Unlock()
+		r.slots.planMu.Unlock()
 	}
 	r.asks.mu.Lock()
 	a.answered = true

@@ -2,7 +2,6 @@ package cluster
 
 import (
 	"slices"
-	"sync"
 
 	"github.com/converger/edge/sidecar/limiter"
 )
@@ -16,9 +15,6 @@ type replicator struct {
 	slots  *slots
 	share  bool
 	resend []limiter.Key // sent in the last flush, sent once more in the next
-	// shareMu serializes share mode's plans and the grants (grant.go): a bound is
-	// never set from a view older than a grant applied or made.
-	shareMu sync.Mutex
 	// asks is the asking side of the grants (grant.go).
 	asks asks
 	// merged, when set, is told of every value of another node merged here (the live
@@ -56,9 +52,7 @@ func (r *replicator) flush(env shareEnv) flushResult {
 			touched[k] = struct{}{}
 			changed[k] = struct{}{}
 		}
-		r.shareMu.Lock()
 		res.capped, bounds = r.slots.shareTick(touched, changed, env)
-		r.shareMu.Unlock()
 		bounds = append(bounds, r.asks.due(env.now)...)
 		r.asks.sweep(env.now)
 	}

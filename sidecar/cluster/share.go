@@ -60,7 +60,7 @@ import (
 //     known count leaves no room. No answer in time: the check is refused, as without
 //     grants.
 //   - The owner merges the asker's value carried by the request, and grants, one request
-//     at a time (shareMu), from what nobody holds as it knows (unheld: the limit less
+//     at a time (planMu), from what nobody holds as it knows (unheld: the limit less
 //     each node's bound, or count when larger; a node not heard from in this window holds
 //     the most its start bound can be; one that counts unbound, what it may count soon):
 //     the request, or a member's part of what is free, whichever is more. It answers
@@ -461,10 +461,10 @@ func (v shareView) planGrants() sharePlan {
 		p.send = self.active() && !v.sending
 	case held > self.count:
 		cur := max(self.count, min(held, v.needSoon(self)))
-		if part := v.fairPart(); held+v.othersHold() > v.limit {
+		if held+v.othersHold() > v.limit {
 			// The bounds add up to more than the limit (set before the nodes knew of
 			// each other): each falls to its fair part, as the others' do.
-			cur = max(self.count, min(cur, part))
+			cur = max(self.count, min(cur, v.fairPart()))
 		}
 		release := held-cur >= max(v.limit/releaseShare, 1) || v.silent(self)
 		if cur < held && (v.sending || release) {

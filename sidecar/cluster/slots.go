@@ -20,6 +20,10 @@ const maxBuckets = 1024
 type slots struct {
 	lim  *limiter.Limiter
 	self string
+	// planMu serializes share mode's plan of a key and the grants (grant.go), so that
+	// no bound is set from a view older than a grant applied or made. It is taken per
+	// key, so that a grant waits for one plan, not a whole flush.
+	planMu sync.Mutex
 
 	mu      sync.Mutex
 	origins map[string]uint32
@@ -306,7 +310,9 @@ type shareEnv struct {
 func (s *slots) shareTick(keys, changed map[limiter.Key]struct{}, env shareEnv) (capped int, send []limiter.Key) {
 	for k := range keys {
 		_, sending := changed[k]
+		s.planMu.Lock()
 		p, held := s.share(k, env, sending)
+		s.planMu.Unlock()
 		if p.curCapped {
 			capped++
 		}
@@ -480,7 +486,7 @@ type SlotView struct {
 // window ending at endMS, whose value it just merged: what nobody holds, as this node
 // knows, up to want or a member's part of it. The grant is held for origin (its slot's
 // floor) until a value it sent after until shows its bound. A grant to this node itself
-// raises its own bound at once. The caller serializes grants and plans.
+// raises its own bound at once. The caller holds planMu.
 func (s *slots) grantRoom(k limiter.Key, origin string, want uint32, endMS, until int64, env shareEnv) uint32 {
 	snap, _ := s.lim.Lookup(k)
 	v, ok := s.shareView(k, snap, env)
