@@ -31,7 +31,7 @@ const (
 	featureGrants byte = 1
 	// DefaultGrantWait is how long a check refused by its bound waits for the owner's
 	// answer by default.
-	DefaultGrantWait = 10 * time.Millisecond
+	DefaultGrantWait = 50 * time.Millisecond
 	// maxAsks bounds the keys a node waits on grants for at once.
 	maxAsks = 4096
 )
