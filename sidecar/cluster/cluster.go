@@ -109,6 +109,11 @@ type Cluster struct {
 
 	ownersMu sync.Mutex
 	owners   owners // the keys' owners (grant.go), made again on membership events
+
+	// inbox holds the sync and live-view messages received, merged in order by
+	// inboxLoop, so that memberlist's handler, which hands over the grants' requests
+	// and answers too, is never held up behind merges (nil: merged as they come).
+	inbox chan []byte
 }
 
 // Start joins (or founds) the cluster and starts replicating lim's counters.
@@ -149,6 +154,7 @@ func Start(cfg Config, lim *limiter.Limiter) (*Cluster, error) {
 		firstJoin: make(chan struct{}),
 		gone:      map[string]struct{}{},
 		members:   map[string]memberlist.Node{},
+		inbox:     make(chan []byte, inboxDepth),
 	}
 	c.rep = newReplicator(lim, c.origin, cfg.ShareMode)
 	if cfg.Traffic != nil {
@@ -198,6 +204,7 @@ func Start(cfg Config, lim *limiter.Limiter) (*Cluster, error) {
 		"strategy", cfg.Strategy, "encrypted", len(cfg.SecretKey) > 0, "sync_interval", cfg.SyncInterval, "share_mode", cfg.ShareMode)
 
 	c.wg.Go(c.syncLoop)
+	c.wg.Go(c.inboxLoop)
 	if cfg.Traffic != nil {
 		c.wg.Go(c.trafficLoop)
 	}
@@ -700,9 +707,6 @@ func (d *delegate) NotifyMsg(b []byte) {
 	c := d.c()
 	if len(b) > 0 {
 		switch b[0] {
-		case trafficKind:
-			c.receiveTraffic(b)
-			return
 		case askKind:
 			c.receiveAsk(b)
 			return
@@ -710,6 +714,39 @@ func (d *delegate) NotifyMsg(b []byte) {
 			c.receiveAnswer(b)
 			return
 		}
+	}
+	if c.inbox == nil {
+		c.receiveMsg(b)
+		return
+	}
+	// memberlist may reuse b once this returns.
+	select {
+	case c.inbox <- bytes.Clone(b):
+	case <-c.stop:
+	}
+}
+
+// inboxDepth bounds the messages waiting to be merged; a full inbox holds up
+// memberlist's handler, as merging inline did.
+const inboxDepth = 1024
+
+// inboxLoop merges the messages of the inbox in the order they came.
+func (c *Cluster) inboxLoop() {
+	for {
+		select {
+		case b := <-c.inbox:
+			c.receiveMsg(b)
+		case <-c.stop:
+			return
+		}
+	}
+}
+
+// receiveMsg merges a sync or live-view message.
+func (c *Cluster) receiveMsg(b []byte) {
+	if len(b) > 0 && b[0] == trafficKind {
+		c.receiveTraffic(b)
+		return
 	}
 	m, err := decode(b)
 	if err != nil {
