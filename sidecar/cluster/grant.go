@@ -31,7 +31,7 @@ const (
 	featureGrants byte = 1
 	// DefaultGrantWait is how long a check refused by its bound waits for the owner's
 	// answer by default.
-	DefaultGrantWait = 50 * time.Millisecond
+	DefaultGrantWait = 25 * time.Millisecond
 	// maxAsks bounds the keys a node waits on grants for at once.
 	maxAsks = 4096
 )
@@ -87,7 +87,7 @@ type owners struct {
 func newOwners(self string, now, intervalMS, waitMS int64) owners {
 	return owners{self: self, changedAt: now, startedAt: now,
 		settleMove:  intervalMS + waitMS + max(intervalMS/4, 10),
-		settleStart: (silentIntervals+1)*intervalMS + waitMS}
+		settleStart: silentIntervals*intervalMS + waitMS + max(intervalMS/2, 10)}
 }
 
 // owns reports whether this node owns k (of the bucket named) at now, and may grant.
@@ -220,6 +220,7 @@ type ask struct {
 	done      chan struct{}
 	grant     uint32
 	answered  bool
+	reqCap    uint32 // the bound the request carried
 	closeOnce sync.Once
 }
 
@@ -345,6 +346,9 @@ func (r *replicator) request(k limiter.Key, a *ask, want uint32, now, waitMS int
 		v.limit = s.Limit
 	}
 	v.cap, v.capped = r.lim.CapIn(k, a.sizeMS, a.endMS)
+	r.asks.mu.Lock()
+	a.reqCap = v.cap
+	r.asks.mu.Unlock()
 	return grantRequest{sentAt: now, origin: r.origin, id: a.id, want: want, waitMS: waitMS, v: v}
 }
 
@@ -403,8 +407,13 @@ func (r *replicator) answer(ans grantAnswer, now, intervalMS int64) (*ask, bool)
 	}
 	applied := false
 	if ans.grant > 0 {
+		// To the bound the request carried and the grant: the owner holds that much
+		// for this node (the bound may have fallen meanwhile, by its own plan).
+		r.asks.mu.Lock()
+		to := uint64(a.reqCap) + uint64(ans.grant)
+		r.asks.mu.Unlock()
 		r.slots.planMu.Lock()
-		applied = r.lim.RaiseCap(k, a.sizeMS, a.endMS, ans.grant)
+		applied = r.lim.RaiseCapTo(k, a.sizeMS, a.endMS, uint32(min(to, math.MaxUint32-1)))
 		r.slots.planMu.Unlock()
 	}
 	r.asks.mu.Lock()

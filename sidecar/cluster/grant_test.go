@@ -8,8 +8,8 @@ import (
 	"github.com/converger/edge/sidecar/limiter"
 )
 
-// TestGrantsBetweenTwoNodes: two real nodes on loopback. The node that does not own a
-// key, bound at its count once it has counted, asks the owner for room when its bound
+// TestGrantsBetweenTwoNodes: two real nodes on loopback, both counting a key. The node
+// that does not own it, bound at its count once it has counted, asks the owner for room when its bound
 // refuses a check below the limit, and gets it at once.
 func TestGrantsBetweenTwoNodes(t *testing.T) {
 	start := func(name string, join []string) *Cluster {
@@ -48,26 +48,34 @@ func TestGrantsBetweenTwoNodes(t *testing.T) {
 		}
 	}
 	k := limiter.Key{Bucket: b.lim.Bucket("token_create"), ID: id}
+	// a counts the key too, so that b is not the only node with demand (not bound).
+	if !a.lim.Check(limiter.Key{Bucket: a.lim.Bucket("token_create"), ID: id}, 1, lim).Allowed {
+		t.Fatal("a's check refused")
+	}
 	if !b.lim.Check(k, 1, lim).Allowed {
 		t.Fatal("the first check refused")
 	}
-	// b's next flush bounds it at its count.
+	// Their next flushes bound both at their counts (each hears of the other's demand).
+	ka := limiter.Key{Bucket: a.lim.Bucket("token_create"), ID: id}
 	for {
-		if c, ok := b.lim.CapIn(k, lim.Window.Milliseconds(), windowEnd(b.nowMS(), lim.Window.Milliseconds())); ok && c == 1 {
+		end := windowEnd(b.nowMS(), lim.Window.Milliseconds())
+		cb, okb := b.lim.CapIn(k, lim.Window.Milliseconds(), end)
+		ca, oka := a.lim.CapIn(ka, lim.Window.Milliseconds(), end)
+		if okb && cb == 1 && oka && ca == 1 {
 			break
 		}
 		if time.Now().After(deadline) {
-			t.Fatal("b not bound at its count")
+			t.Fatal("a and b not bound at their counts")
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
-	for i := range 9 {
+	for i := range 8 {
 		if r := b.lim.Check(k, 1, lim); !r.Allowed {
-			t.Fatalf("check %d of 10 refused: %+v, debug %+v", i+2, r, b.Debug("token_create", id))
+			t.Fatalf("check %d of 9 refused: %+v, debug %+v", i+2, r, b.Debug("token_create", id))
 		}
 	}
 	if r := b.lim.Check(k, 1, lim); r.Allowed {
-		t.Fatalf("the 11th check allowed: %+v", r)
+		t.Fatalf("the 11th check of the key allowed: %+v", r)
 	}
 	asked := counter(t, b.m.grants.WithLabelValues("asked", "sent"))
 	granted := counter(t, b.m.grants.WithLabelValues("asked", "granted"))

@@ -446,8 +446,19 @@ func (v shareView) needSoon(n shareNode) int64 {
 // limit by the demand of this window (with the margin), without headroom: what nobody
 // needs is left for the owner to grant.
 func (v shareView) planGrants() sharePlan {
-	p := sharePlan{curCapped: true}
+	var p sharePlan
 	self := v.self
+	alone := true // no live peer with demand in this window or the last
+	for _, n := range v.peers {
+		alone = alone && !(n.live && n.active())
+	}
+	if alone && !self.claimed {
+		// The only node with demand, as before grants: not bound, so that a node cut
+		// off from the owner (a netsplit not yet detected) still serves its limit. The
+		// owner sets aside what it may count soon.
+		return p
+	}
+	p.curCapped = true
 	held := self.count
 	if self.claimed {
 		held = max(held, self.claim)
@@ -471,11 +482,11 @@ func (v shareView) planGrants() sharePlan {
 			p.cur, p.send = cur, !v.sending
 		}
 	}
-	busy := self.demand > 0
+	busy := false // a live peer has demand in this window: the next one is shared
 	for _, n := range v.peers {
 		busy = busy || (n.live && n.demand > 0)
 	}
-	if busy {
+	if busy || (self.demand > 0 && !alone) {
 		cs := []claimant{{name: self.name, unmet: v.ceil(float64(self.demand) * needMargin), capped: true}}
 		for _, n := range v.peers {
 			if n.live && n.demand > 0 {
@@ -502,8 +513,14 @@ func (v shareView) holds(n shareNode) int64 {
 			h = max(h, n.claim)
 		case n.claimed || (!n.shares && n.active()):
 			h = max(h, v.needSoon(n))
-		case n.prevDemand > 0:
+		case n.prevDemand > 0 && v.now < v.startMS+(silentIntervals+1)*v.intervalMS+v.intervalMS/2:
+			// Not heard from in this window: it may hold the bound it set before the
+			// window began, until it would have sent the fall of a bound it does not use.
 			h = max(h, v.ceil(float64(n.prevDemand)*needMargin))
+		case n.prevDemand > 0:
+			// Still not heard from: not bound (the only one with demand before), it may
+			// count what it is projected to need soon.
+			h = max(h, v.needSoon(n))
 		}
 	}
 	return max(h, n.floor)

@@ -154,7 +154,7 @@ func Load(getenv func(string) string) (*Config, error) {
 		HTTPAddr:      orDefault(getenv("SIDECAR_HTTP_ADDR"), DefaultHTTPAddr),
 		DatabaseURL:   strings.TrimSpace(getenv("DATABASE_URL")),
 		SyncInterval:  100 * time.Millisecond,
-		GrantWait:     50 * time.Millisecond,
+		GrantWait:     25 * time.Millisecond,
 		Limits:        map[string]buckets.Limit{},
 		OverrideTTL:   30 * time.Second,
 		CleanPeriod:   60 * time.Second,

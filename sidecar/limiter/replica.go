@@ -259,6 +259,30 @@ func (l *Limiter) RaiseCap(k Key, sizeMS int64, endMS int64, n uint32) bool {
 	}
 }
 
+// RaiseCapTo raises k's share-mode bound in the window of sizeMS ending at endMS to to,
+// if it is lower, and reports whether there was a bound (a lower one counts).
+func (l *Limiter) RaiseCapTo(k Key, sizeMS int64, endMS int64, to uint32) bool {
+	s := l.shard(k)
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	e := s.get(k)
+	if e == nil || e.ext == nil {
+		return false
+	}
+	word := windowWord(sizeMS, endMS)
+	c := &e.ext.cap[(word>>32)&1]
+	to = min(to, math.MaxUint32-1)
+	for {
+		v := c.Load()
+		if v == 0 || v>>32 != word>>32 {
+			return false
+		}
+		if uint32(v)-1 >= to || c.CompareAndSwap(v, word|uint64(to+1)) {
+			return true
+		}
+	}
+}
+
 // CapIn returns k's share-mode bound in the window of sizeMS ending at endMS, and false
 // when there is none.
 func (l *Limiter) CapIn(k Key, sizeMS int64, endMS int64) (uint32, bool) {
