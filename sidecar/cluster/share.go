@@ -43,6 +43,10 @@ import (
 // highest rendezvous hash of member name and key among the live members: every node
 // with the same members picks the same one), and only the owner gives it out:
 //
+//   - The only node with demand in this window and the last stays unbound, as without
+//     grants (a node cut off from the owner by a netsplit not yet detected serves its
+//     limit alone); the owner sets aside what it may count in the next needHorizon
+//     intervals, and it is bound at its count once another node's demand reaches it.
 //   - Within a window a node's bound never rises but by a grant. Its plan, made at every
 //     flush for each key it holds more of than it counted (not only when a message
 //     arrives), lowers it to what it is projected to count in the next needHorizon
@@ -66,8 +70,12 @@ import (
 //     the request, or a member's part of what is free, whichever is more. It answers
 //     even 0. It holds the grant as the asker's floor until a value the asker sent after
 //     the latest moment it may apply the grant (its request's time plus the wait, on its
-//     own clock) shows its bound; the asker applies a grant only until then, and sends
-//     its raised bound to every member with its next flush.
+//     own clock) shows its bound, or one of the asker's values shows a bound as high; the
+//     asker applies a grant only until then, raising its bound to the one its request
+//     carried plus the grant (what the owner holds for it, even if its own plan lowered
+//     the bound meanwhile), and sends it to every member with its next flush. Whatever
+//     the answer, it sends its value again at the first flush after the deadline, so
+//     that the owner lets go of a grant that came late or not at all.
 //
 // The races, and why the limit holds through them:
 //   - A grant and a sync crossing: a value the asker sent before it applied the grant
@@ -79,20 +87,22 @@ import (
 //     and grants are serialized, so no bound is set from a view older than a grant.
 //   - The owner changing (a member joins, leaves or is declared dead): a new owner knows
 //     the bounds the borrowers sent, but not grants of the old owner still on their way.
-//     So a node owns a key only settle after the members last changed (silentIntervals+1
-//     intervals and the wait), unless it owned it before the change too. Members whose
+//     So a node owns a key only settleMove after the members last changed (an interval,
+//     the wait and a quarter of an interval), unless it owned it before the change too. Members whose
 //     views differ may meanwhile both own a key; that lasts while memberlist's gossip
 //     settles, and is bounded by what is free.
 //   - A node restarted is a new incarnation: its old one holds its count; as an owner it
-//     knows nothing for settle after its start, and learns the bounds from the syncs.
+//     grants nothing for settleStart after its start (silentIntervals, the wait and half
+//     an interval), by when every node holding a bound it does not count has sent it or
+//     its fall; a node not heard from in a window holds its start bound until then.
 //   - The owner stopped but not yet declared dead: requests go unanswered and the checks
 //     that need more than their node holds are refused until memberlist declares it dead
 //     and another member owns the key.
 //   - A member of an earlier release (no grants announced): nobody asks or grants, and
 //     share mode divides as before, headroom included.
-//   - A node not yet bound counts unbound: in a key's first window, and for at most a
-//     sync interval after the first word of a key reaches it; the owner sets aside what
-//     such a node may count soon, but that is a projection, not a bound.
+//   - A node not yet bound counts unbound: alone with demand, in a key's first window,
+//     and for at most a sync interval after another's demand reaches it; the owner sets
+//     aside what such a node may count soon, but that is a projection, not a bound.
 
 // Share mode's projections.
 const (
