@@ -51,6 +51,7 @@ type clusterSpec struct {
 	nodes      int
 	syncMS     int
 	share      bool
+	env        []string // more of the sidecars' environment (exact.go)
 }
 
 // startCluster starts the sidecars and waits until each sees all the others. A port
@@ -142,6 +143,7 @@ func tryStartCluster(ctx context.Context, spec clusterSpec, stderr io.Writer) (c
 			"LOG_LEVEL=info", // the "sidecar started" line, with the addresses, is at info
 			"LOG_FORMAT=json",
 		)
+		cmd.Env = append(cmd.Env, spec.env...)
 		if n.proc, err = procs.Start("sidecar "+n.name, cmd, out); err != nil {
 			return c, err
 		}
@@ -178,7 +180,8 @@ func tryStartCluster(ctx context.Context, spec clusterSpec, stderr io.Writer) (c
 
 // expectedWarning tells the sidecar's warnings that this test causes on purpose.
 func expectedWarning(msg string) bool {
-	return strings.HasPrefix(msg, "DATABASE_URL is not set") || strings.HasPrefix(msg, "TOKEN_VERIFY_KEYS is not set")
+	return strings.HasPrefix(msg, "DATABASE_URL is not set") || strings.HasPrefix(msg, "TOKEN_VERIFY_KEYS is not set") ||
+		strings.HasPrefix(msg, "the clock is shifted by SIDECAR_TEST_CLOCK_OFFSET_MS") // bench cluster -exact
 }
 
 // waitMembers polls every node's /readyz until each reports cluster_size N.

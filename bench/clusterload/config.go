@@ -56,6 +56,8 @@ type Config struct {
 	Plot          string // PNG plot; "" draws none
 	Quick         bool
 	Strict        bool // exit 1 when an aim is missed
+	// Exact, when On, runs only the exactness scenarios (exact.go).
+	Exact ExactConfig
 
 	// Args are the command-line arguments the configuration came from, for the report's
 	// command that reproduces the run.
@@ -138,6 +140,7 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.StringVar(&c.Plot, "plot", c.Plot, "PNG plot (relative paths: from the repository root); empty: none")
 	fs.BoolVar(&c.Quick, "quick", c.Quick, "fast check: -n 3 -intervals 25,100,500 -windows 3 -keys 1,1000 -loads 1.5,10, no files written (flags given explicitly win)")
 	fs.BoolVar(&c.Strict, "strict", c.Strict, "exit 1 when a share-mode aim is missed")
+	c.Exact.register(fs)
 }
 
 // Limits of the test, so that a run stays bounded.

@@ -82,6 +82,9 @@ type Report struct {
 // stderr. Every process it starts is stopped before it returns, also on error and when
 // ctx ends (Ctrl-C).
 func Run(ctx context.Context, cfg Config, stdout, stderr io.Writer) (*Report, error) {
+	if cfg.Exact.On {
+		return RunExact(ctx, cfg, stdout, stderr)
+	}
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}

@@ -16,6 +16,7 @@ import (
 	"log/slog"
 	"net"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -51,6 +52,10 @@ type Config struct {
 	SyncInterval time.Duration
 	// ShareMode divides each counter's limit among the nodes counting it (share.go).
 	ShareMode bool
+	// GrantWait is how long a check refused by its share-mode bound below the limit
+	// waits for the key's owner to grant room (grant.go): DefaultGrantWait when zero;
+	// negative, no node asks.
+	GrantWait time.Duration
 	// PushPullInterval is how often memberlist exchanges full state with a random peer
 	// (30 s when zero).
 	PushPullInterval time.Duration
@@ -101,6 +106,14 @@ type Cluster struct {
 
 	peersMu    sync.Mutex
 	peerStates map[string]*peerState // by member name (traffic.go)
+
+	ownersMu sync.Mutex
+	owners   owners // the keys' owners (grant.go), made again on membership events
+
+	// inbox holds the sync and live-view messages received, merged in order by
+	// inboxLoop, so that memberlist's handler, which hands over the grants' requests
+	// and answers too, is never held up behind merges (nil: merged as they come).
+	inbox chan []byte
 }
 
 // Start joins (or founds) the cluster and starts replicating lim's counters.
@@ -141,6 +154,7 @@ func Start(cfg Config, lim *limiter.Limiter) (*Cluster, error) {
 		firstJoin: make(chan struct{}),
 		gone:      map[string]struct{}{},
 		members:   map[string]memberlist.Node{},
+		inbox:     make(chan []byte, inboxDepth),
 	}
 	c.rep = newReplicator(lim, c.origin, cfg.ShareMode)
 	if cfg.Traffic != nil {
@@ -148,6 +162,13 @@ func Start(cfg Config, lim *limiter.Limiter) (*Cluster, error) {
 	}
 	c.slots = c.rep.slots
 	c.m = newMetrics(cfg.Registry, c.newestAge)
+	if cfg.GrantWait == 0 {
+		c.cfg.GrantWait = DefaultGrantWait
+	}
+	c.owners = newOwners(cfg.NodeName, c.nowMS(), max(cfg.SyncInterval.Milliseconds(), 1), max(c.cfg.GrantWait.Milliseconds(), 0))
+	if cfg.ShareMode && c.cfg.GrantWait > 0 {
+		lim.OnBoundRefused(c.askRoom)
+	}
 
 	mc := memberlist.DefaultLANConfig()
 	mc.Name = cfg.NodeName
@@ -183,6 +204,7 @@ func Start(cfg Config, lim *limiter.Limiter) (*Cluster, error) {
 		"strategy", cfg.Strategy, "encrypted", len(cfg.SecretKey) > 0, "sync_interval", cfg.SyncInterval, "share_mode", cfg.ShareMode)
 
 	c.wg.Go(c.syncLoop)
+	c.wg.Go(c.inboxLoop)
 	if cfg.Traffic != nil {
 		c.wg.Go(c.trafficLoop)
 	}
@@ -452,9 +474,153 @@ func (c *Cluster) shareEnv(now int64) shareEnv {
 		live[name] = name != c.cfg.NodeName
 	}
 	c.membersMu.Unlock()
-	return shareEnv{
+	env := shareEnv{
 		now: now, intervalMS: max(c.cfg.SyncInterval.Milliseconds(), 1),
 		live: func(name string) bool { return live[name] }, members: max(len(live), 1),
+	}
+	c.ownersMu.Lock()
+	o := c.owners
+	c.ownersMu.Unlock()
+	if o.names != nil {
+		env.grants = true
+		env.owns = func(k limiter.Key) bool { return o.owns(c.lim.BucketName(k.Bucket), k.ID, now) }
+	}
+	return env
+}
+
+// grantsOn says this node asks and answers grants.
+func (c *Cluster) grantsOn() bool { return c.cfg.ShareMode && c.cfg.GrantWait > 0 }
+
+// updateOwners makes the owners again from the live members (the caller holds
+// membersMu): grants are on when every live member announces them, this node included.
+func (c *Cluster) updateOwners() {
+	var names []string
+	on := c.grantsOn()
+	for name, n := range c.members {
+		if len(n.Meta) < 2 || n.Meta[1]&featureGrants == 0 {
+			on = false
+		}
+		names = append(names, name)
+	}
+	if !on {
+		names = nil
+	} else {
+		names = sortedNames(names)
+	}
+	c.ownersMu.Lock()
+	defer c.ownersMu.Unlock()
+	if !slices.Equal(names, c.owners.names) || (names == nil) != (c.owners.names == nil) {
+		if (names == nil) != (c.owners.names == nil) {
+			c.log.Info("share mode's grants", "on", names != nil, "members", len(c.members))
+		}
+		c.owners.prev, c.owners.names, c.owners.changedAt = c.owners.names, names, c.nowMS()
+	}
+}
+
+// askRoom is told of n hits of k that share mode's bound refused below the limit: it
+// asks the key's owner for room and waits for the answer, at most GrantWait (grant.go),
+// and reports whether the bound rose.
+func (c *Cluster) askRoom(k limiter.Key, n uint32, sizeMS, endMS int64) bool {
+	// The caller may reuse the id's bytes once the check returns; the request outlives it.
+	k.ID = strings.Clone(k.ID)
+	now := c.nowMS()
+	env := c.shareEnv(now)
+	if !env.grants {
+		return false
+	}
+	c.ownersMu.Lock()
+	owner := ownerOf(c.lim.BucketName(k.Bucket), k.ID, c.owners.names)
+	c.ownersMu.Unlock()
+	if owner == c.cfg.NodeName {
+		g := c.rep.grantSelf(k, n, endMS, env)
+		c.noteGrant("self", g)
+		return g > 0
+	}
+	c.membersMu.Lock()
+	node, ok := c.members[owner]
+	c.membersMu.Unlock()
+	if !ok {
+		return false
+	}
+	waitMS := max(c.cfg.GrantWait.Milliseconds(), 1)
+	a, first, ok := c.rep.asks.start(k, sizeMS, endMS, now, waitMS)
+	if !ok {
+		return false
+	}
+	if first {
+		q := c.rep.request(k, a, n, now, waitMS)
+		if err := c.ml.SendBestEffort(&node, encodeAsk(q)); err != nil {
+			c.m.sendErrors.Inc()
+			c.rep.asks.end(k, a, 0)
+			return false
+		}
+		c.m.grants.WithLabelValues("asked", "sent").Inc()
+	}
+	t := time.NewTimer(time.Duration(a.deadline-now) * time.Millisecond)
+	defer t.Stop()
+	select {
+	case <-a.done:
+	case <-t.C:
+	case <-c.stop:
+	}
+	granted, answered := c.rep.asks.result(a)
+	if first && !answered {
+		c.m.grants.WithLabelValues("asked", "timed_out").Inc()
+		c.rep.asks.end(k, a, 0)
+	}
+	return granted
+}
+
+// noteGrant counts a grant this node made as the owner (to another node, or to itself).
+func (c *Cluster) noteGrant(to string, g uint32) {
+	result := "zero"
+	if g > 0 {
+		result = "granted"
+		c.m.grantedHits.WithLabelValues(to).Add(float64(g))
+	}
+	c.m.grants.WithLabelValues("answered_"+to, result).Inc()
+}
+
+// receiveAsk answers another node's request for room, as the key's owner.
+func (c *Cluster) receiveAsk(b []byte) {
+	q, err := decodeAsk(b)
+	if err != nil {
+		c.m.malformed.Inc()
+		return
+	}
+	name, _, _ := strings.Cut(q.origin, "#")
+	c.membersMu.Lock()
+	node, ok := c.members[name]
+	c.membersMu.Unlock()
+	if !ok || name == c.cfg.NodeName {
+		return
+	}
+	ans, ok := c.rep.grant(q, c.shareEnv(c.nowMS()))
+	if !ok {
+		return
+	}
+	c.noteGrant("other", ans.grant)
+	if err := c.ml.SendBestEffort(&node, encodeAnswer(ans)); err != nil {
+		c.m.sendErrors.Inc()
+	}
+}
+
+// receiveAnswer applies an owner's answer to this node's request.
+func (c *Cluster) receiveAnswer(b []byte) {
+	ans, err := decodeAnswer(b)
+	if err != nil {
+		c.m.malformed.Inc()
+		return
+	}
+	a, applied := c.rep.answer(ans, c.nowMS(), max(c.cfg.SyncInterval.Milliseconds(), 1))
+	switch {
+	case a == nil:
+	case applied:
+		c.m.grants.WithLabelValues("asked", "granted").Inc()
+	case ans.grant == 0:
+		c.m.grants.WithLabelValues("asked", "zero").Inc()
+	default:
+		c.m.grants.WithLabelValues("asked", "late").Inc()
 	}
 }
 
@@ -491,6 +657,9 @@ type DebugCounter struct {
 	NextBound *uint32    `json:"share_bound_next,omitempty"`
 	Slots     []SlotView `json:"slots"`
 	Members   []string   `json:"members"`
+	// Owner is the member that grants the part of the limit nobody holds (grant.go);
+	// absent while grants are off.
+	Owner string `json:"owner,omitempty"`
 }
 
 // Debug returns one counter's state: this node's count and every remote slot.
@@ -513,18 +682,68 @@ func (c *Cluster) Debug(bucket, key string) DebugCounter {
 	if v := c.slots.view(k); v != nil {
 		d.Slots = v
 	}
+	c.ownersMu.Lock()
+	if c.owners.names != nil {
+		d.Owner = ownerOf(bucket, key, c.owners.names)
+	}
+	c.ownersMu.Unlock()
 	return d
 }
 
 // delegate is the Cluster as memberlist's Delegate.
 type delegate Cluster
 
-// NodeMeta announces the newest sync message version this node reads.
-func (d *delegate) NodeMeta(int) []byte             { return []byte{version} }
+// NodeMeta announces the newest sync message version this node reads, and whether it
+// asks and answers grants.
+func (d *delegate) NodeMeta(int) []byte {
+	if d.c().grantsOn() {
+		return []byte{version, featureGrants}
+	}
+	return []byte{version}
+}
 func (d *delegate) GetBroadcasts(int, int) [][]byte { return nil }
 func (d *delegate) c() *Cluster                     { return (*Cluster)(d) }
 func (d *delegate) NotifyMsg(b []byte) {
 	c := d.c()
+	if len(b) > 0 {
+		switch b[0] {
+		case askKind:
+			c.receiveAsk(b)
+			return
+		case answerKind:
+			c.receiveAnswer(b)
+			return
+		}
+	}
+	if c.inbox == nil {
+		c.receiveMsg(b)
+		return
+	}
+	// memberlist may reuse b once this returns.
+	select {
+	case c.inbox <- bytes.Clone(b):
+	case <-c.stop:
+	}
+}
+
+// inboxDepth bounds the messages waiting to be merged; a full inbox holds up
+// memberlist's handler, as merging inline did.
+const inboxDepth = 1024
+
+// inboxLoop merges the messages of the inbox in the order they came.
+func (c *Cluster) inboxLoop() {
+	for {
+		select {
+		case b := <-c.inbox:
+			c.receiveMsg(b)
+		case <-c.stop:
+			return
+		}
+	}
+}
+
+// receiveMsg merges a sync or live-view message.
+func (c *Cluster) receiveMsg(b []byte) {
 	if len(b) > 0 && b[0] == trafficKind {
 		c.receiveTraffic(b)
 		return
@@ -627,6 +846,7 @@ func (e *events) NotifyJoin(n *memberlist.Node) {
 	c.members[n.Name] = copyNode(n)
 	_, back := c.gone[n.Name]
 	delete(c.gone, n.Name)
+	c.updateOwners()
 	c.membersMu.Unlock()
 	if back {
 		// Not from this callback: memberlist holds its lock while it calls it.
@@ -654,6 +874,7 @@ func (e *events) NotifyLeave(n *memberlist.Node) {
 		clear(c.gone)
 	}
 	c.gone[n.Name] = struct{}{}
+	c.updateOwners()
 	c.membersMu.Unlock()
 }
 
@@ -662,6 +883,7 @@ func (e *events) NotifyUpdate(n *memberlist.Node) {
 	c.membersMu.Lock()
 	if _, ok := c.members[n.Name]; ok {
 		c.members[n.Name] = copyNode(n)
+		c.updateOwners()
 	}
 	c.membersMu.Unlock()
 }

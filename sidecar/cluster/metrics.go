@@ -18,6 +18,9 @@ type metrics struct {
 	transferBytes *prometheus.CounterVec // direction
 	transferCut   prometheus.Counter
 	capped        prometheus.Counter
+	// The owner's grants (grant.go): requests by role and result, and the hits given.
+	grants      *prometheus.CounterVec // role, result
+	grantedHits *prometheus.CounterVec // to
 	// The directions of messages and bytes, resolved once: every packet counts them.
 	msgSent, msgRecv, bytesSent, bytesRecv prometheus.Counter
 }
@@ -50,11 +53,19 @@ func newMetrics(reg prometheus.Registerer, newestAge func() float64) *metrics {
 			Name: "converger_cluster_state_transfer_truncated_total", Help: "State transfers cut at the size limit (the rest follows by sync)."}),
 		capped: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "converger_cluster_share_mode_caps_total", Help: "Times share mode bounded a counter's share for one interval."}),
+		grants: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "converger_cluster_share_grants_total",
+			Help: "Requests for room of a key refused by share mode's bound below the limit. role=asked (this node asked the key's owner): result sent, granted, zero (nothing left), timed_out (no answer in time: the check was refused), late (answered after the wait); role=answered_other or answered_self (this node owns the key): result granted or zero."},
+			[]string{"role", "result"}),
+		grantedHits: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "converger_cluster_share_granted_hits_total",
+			Help: "Hits this node, as the owner of keys, granted from the part of their limits nobody held, to another node (to=other) or to itself (to=self)."},
+			[]string{"to"}),
 	}
 	m.msgSent, m.msgRecv = m.messages.WithLabelValues("sent"), m.messages.WithLabelValues("received")
 	m.bytesSent, m.bytesRecv = m.bytes.WithLabelValues("sent"), m.bytes.WithLabelValues("received")
 	reg.MustRegister(m.members, m.messages, m.bytes, m.sendErrors, m.malformed, m.keysPerFlush, m.mergeLag,
-		m.stale, m.transfers, m.transferBytes, m.transferCut, m.capped,
+		m.stale, m.transfers, m.transferBytes, m.transferCut, m.capped, m.grants, m.grantedHits,
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "converger_cluster_newest_remote_value_age_seconds",
 			Help: "Age of the newest value received from another node (merge lag); -1 before the first."}, newestAge))

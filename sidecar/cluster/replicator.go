@@ -15,6 +15,8 @@ type replicator struct {
 	slots  *slots
 	share  bool
 	resend []limiter.Key // sent in the last flush, sent once more in the next
+	// asks is the asking side of the grants (grant.go).
+	asks asks
 	// merged, when set, is told of every value of another node merged here (the live
 	// view's busy keys).
 	merged func(value)
@@ -51,6 +53,8 @@ func (r *replicator) flush(env shareEnv) flushResult {
 			changed[k] = struct{}{}
 		}
 		res.capped, bounds = r.slots.shareTick(touched, changed, env)
+		bounds = append(bounds, r.asks.due(env.now)...)
+		r.asks.sweep(env.now)
 	}
 	sent := make(map[limiter.Key]struct{}, len(keys)+len(r.resend)+len(bounds))
 	for i, k := range slices.Concat(bounds, keys, r.resend) {

@@ -34,6 +34,75 @@ import (
 // window before (every node sees itself alone, as without share mode), and demand that
 // moves between nodes faster than the sync interval within a window (a node's claim
 // follows its demand one report later).
+//
+// The owner's grants (grant.go). Dividing what is left among the members leaves nothing
+// to anyone when the remainder is small (2 of 10 on 3 members, 1 of 5 on 20), and a node
+// that divides what it takes to be free may take what another took a moment before:
+// two deciders of one room overshoot. So when every live member runs the grants, the
+// part of a key's limit that no node holds belongs to one node, the key's owner (the
+// highest rendezvous hash of member name and key among the live members: every node
+// with the same members picks the same one), and only the owner gives it out:
+//
+//   - The only node with demand in this window and the last stays unbound, as without
+//     grants (a node cut off from the owner by a netsplit not yet detected serves its
+//     limit alone); the owner sets aside what it may count in the next needHorizon
+//     intervals, and it is bound at its count once another node's demand reaches it.
+//   - Within a window a node's bound never rises but by a grant. Its plan, made at every
+//     flush for each key it holds more of than it counted (not only when a message
+//     arrives), lowers it to what it is projected to count in the next needHorizon
+//     intervals, to its count once its demand has not grown for silentIntervals, and to
+//     its max-min fair part when the bounds add up to more than the limit (set before
+//     the nodes knew of each other). A fall is sent at once, so the owner learns of the
+//     room from the node itself, never by guessing that a node has gone idle.
+//   - The next window's bound, set before it begins, is the node's max-min fair part of
+//     the limit by this window's demand (with needMargin), without headroom: what
+//     nobody needs stays with the owner.
+//   - A check refused by the node's bound while the count it knows is below the limit
+//     asks the owner at once (a packet) and waits for the answer, at most GrantWait.
+//     Checks of the key meanwhile wait on the same request; after an answer of 0 (or
+//     none) the node asks again only after a sync interval; no request is sent when the
+//     known count leaves no room. No answer in time: the check is refused, as without
+//     grants.
+//   - The owner merges the asker's value carried by the request, and grants, one request
+//     at a time (planMu), from what nobody holds as it knows (unheld: the limit less
+//     each node's bound, or count when larger; a node not heard from in this window holds
+//     the most its start bound can be; one that counts unbound, what it may count soon):
+//     the request, or a member's part of what is free, whichever is more. It answers
+//     even 0. It holds the grant as the asker's floor until a value the asker sent after
+//     the latest moment it may apply the grant (its request's time plus the wait, on its
+//     own clock) shows its bound, or one of the asker's values shows a bound as high; the
+//     asker applies a grant only until then, raising its bound to the one its request
+//     carried plus the grant (what the owner holds for it, even if its own plan lowered
+//     the bound meanwhile), and sends it to every member with its next flush. Whatever
+//     the answer, it sends its value again at the first flush after the deadline, so
+//     that the owner lets go of a grant that came late or not at all.
+//
+// The races, and why the limit holds through them:
+//   - A grant and a sync crossing: a value the asker sent before it applied the grant
+//     lowers its bound at the owner, but the floor holds the grant until a value sent
+//     after the asker could still apply it. A late answer is dropped by the asker; the
+//     owner's floor then ends with the asker's next value.
+//   - Two borrowers: the owner grants serially, each from what is left after the last.
+//   - A node's own plan lowering a bound a grant just raised only gives room back; plans
+//     and grants are serialized, so no bound is set from a view older than a grant.
+//   - The owner changing (a member joins, leaves or is declared dead): a new owner knows
+//     the bounds the borrowers sent, but not grants of the old owner still on their way.
+//     So a node owns a key only settleMove after the members last changed (an interval,
+//     the wait and a quarter of an interval), unless it owned it before the change too. Members whose
+//     views differ may meanwhile both own a key; that lasts while memberlist's gossip
+//     settles, and is bounded by what is free.
+//   - A node restarted is a new incarnation: its old one holds its count; as an owner it
+//     grants nothing for settleStart after its start (silentIntervals, the wait and half
+//     an interval), by when every node holding a bound it does not count has sent it or
+//     its fall; a node not heard from in a window holds its start bound until then.
+//   - The owner stopped but not yet declared dead: requests go unanswered and the checks
+//     that need more than their node holds are refused until memberlist declares it dead
+//     and another member owns the key.
+//   - A member of an earlier release (no grants announced): nobody asks or grants, and
+//     share mode divides as before, headroom included.
+//   - A node not yet bound counts unbound: alone with demand, in a key's first window,
+//     and for at most a sync interval after another's demand reaches it; the owner sets
+//     aside what such a node may count soon, but that is a projection, not a bound.
 
 // Share mode's projections.
 const (
@@ -66,6 +135,9 @@ type shareNode struct {
 	// at is when the values were sent (now, for this node); grewAt when its demand in
 	// the current window last grew, as seen here (0: never).
 	at, grewAt int64
+	// floor is what the key's owner granted it on top of what it held, until a value
+	// it sent after the grant could have used it shows its bound (grant.go).
+	floor int64
 }
 
 // shareView is what one node knows of one key at one moment.
@@ -81,6 +153,9 @@ type shareView struct {
 	// sending says this node sends its value of the key at this flush anyway (it
 	// counted or refused since the last).
 	sending bool
+	// grants says every live member runs the owner's grants (grant.go): no bound rises
+	// within a window but by a grant, and what nobody holds is the owner's to give.
+	grants bool
 }
 
 // sharePlan is share mode's decision for one key: this node's bound in the current
@@ -153,6 +228,9 @@ func (v shareView) plan() sharePlan {
 	var p sharePlan
 	if v.limit <= 0 {
 		return p
+	}
+	if v.grants {
+		return v.planGrants()
 	}
 	busy := 0 // live peers with demand in this window or the last
 	for _, n := range v.peers {
@@ -354,4 +432,184 @@ func waterfill(budget int64, cs []claimant, idx []int, parts []int64) int64 {
 		return 0
 	}
 	return budget
+}
+
+// needHorizon is how far ahead, in sync intervals, the owner's grants project a node's
+// demand: a bound node asks for more when it needs it, so room it would use only later
+// is better left with the owner.
+const needHorizon = silentIntervals + 1
+
+// needSoon is what the node is projected to count in the next needHorizon intervals:
+// its count and, with the margin, its demand until then; only its count once silent.
+func (v shareView) needSoon(n shareNode) int64 {
+	if v.silent(n) {
+		return n.count
+	}
+	left := min(max(v.startMS+v.sizeMS-n.at, 0), needHorizon*v.intervalMS)
+	return n.count + v.ceil(v.rate(n)*float64(left)*needMargin)
+}
+
+// planGrants is plan when every live member runs the owner's grants. In the current
+// window the bound never rises but by a grant: it falls to what the node is projected to
+// need soon (to its count once it is silent), and the room goes back to the owner once
+// the others know of it. The next window's bound is the node's max-min fair part of the
+// limit by the demand of this window (with the margin), without headroom: what nobody
+// needs is left for the owner to grant.
+func (v shareView) planGrants() sharePlan {
+	var p sharePlan
+	self := v.self
+	alone := true // no live peer with demand in this window or the last
+	for _, n := range v.peers {
+		alone = alone && !(n.live && n.active())
+	}
+	if alone && !self.claimed {
+		// The only node with demand, as before grants: not bound, so that a node cut
+		// off from the owner (a netsplit not yet detected) still serves its limit. The
+		// owner sets aside what it may count soon.
+		return p
+	}
+	p.curCapped = true
+	held := self.count
+	if self.claimed {
+		held = max(held, self.claim)
+	}
+	p.cur = held
+	switch {
+	case !self.claimed:
+		// Not bound until now (the key's first window here, or the others' first word
+		// of it): bound at what it counted; more is asked of the owner.
+		p.cur = self.count
+		p.send = self.active() && !v.sending
+	case held > self.count:
+		cur := max(self.count, min(held, v.needSoon(self)))
+		if held+v.othersHold() > v.limit {
+			// The bounds add up to more than the limit (set before the nodes knew of
+			// each other): each falls to its fair part, as the others' do.
+			cur = max(self.count, min(cur, v.fairPart()))
+		}
+		release := held-cur >= max(v.limit/releaseShare, 1) || v.silent(self)
+		if cur < held && (v.sending || release) {
+			p.cur, p.send = cur, !v.sending
+		}
+	}
+	busy := false // a live peer has demand in this window: the next one is shared
+	for _, n := range v.peers {
+		busy = busy || (n.live && n.demand > 0)
+	}
+	if busy || (self.demand > 0 && !alone) {
+		cs := []claimant{{name: self.name, unmet: v.ceil(float64(self.demand) * needMargin), capped: true}}
+		for _, n := range v.peers {
+			if n.live && n.demand > 0 {
+				cs = append(cs, claimant{name: n.name, unmet: v.ceil(float64(n.demand) * needMargin), capped: true})
+			}
+		}
+		parts, _ := allocate(v.limit, cs, v.members)
+		p.next, p.nextCapped = parts[0], true
+	}
+	return p
+}
+
+// holds is what node n may count in the current window as this node knows (the owner's
+// view when it grants): its bound when bound; what it is projected to need soon when it
+// counts unbound; the most its bound set before the window began can be (its demand of
+// the last window with the margin) when it has not been heard from in this window; and
+// at least what it was granted lately. A member that left, or an earlier incarnation,
+// holds its count.
+func (v shareView) holds(n shareNode) int64 {
+	h := n.count
+	if n.live {
+		switch {
+		case n.claimed && n.capped:
+			h = max(h, n.claim)
+		case n.claimed || (!n.shares && n.active()):
+			h = max(h, v.needSoon(n))
+		case n.prevDemand > 0 && v.now < v.startMS+(silentIntervals+1)*v.intervalMS+v.intervalMS/2:
+			// Not heard from in this window: it may hold the bound it set before the
+			// window began, until it would have sent the fall of a bound it does not use.
+			h = max(h, v.ceil(float64(n.prevDemand)*needMargin))
+		case n.prevDemand > 0:
+			// Still not heard from: not bound (the only one with demand before), it may
+			// count what it is projected to need soon.
+			h = max(h, v.needSoon(n))
+		}
+	}
+	return max(h, n.floor)
+}
+
+// unheld is the part of the limit nobody holds, as this node knows: what the owner may
+// grant.
+func (v shareView) unheld() int64 {
+	self := v.self
+	h := self.count
+	switch {
+	case self.claimed:
+		h = max(h, self.claim)
+	case self.active():
+		h = max(h, v.needSoon(self))
+	}
+	u := v.limit - h
+	for _, n := range v.peers {
+		u -= v.holds(n)
+	}
+	return max(u, 0)
+}
+
+// grantFor is what the owner grants a node asking for want hits: what nobody holds, up
+// to want or a member's part of it, whichever is more.
+func (v shareView) grantFor(want int64) int64 {
+	u := v.unheld()
+	if u <= 0 {
+		return 0
+	}
+	members := int64(max(v.members, 1))
+	return min(u, max(want, (u+members-1)/members))
+}
+
+// othersHold is what the other nodes hold (holds), together.
+func (v shareView) othersHold() int64 {
+	t := int64(0)
+	for _, n := range v.peers {
+		t += v.holds(n)
+	}
+	return t
+}
+
+// fairPart is this node's max-min fair part of the limit among the live nodes with
+// demand in this window or the last, by what each is projected to count soon (a node
+// not heard from in this window: by what it may hold).
+func (v shareView) fairPart() int64 {
+	start := v.startParts()
+	cs := []claimant{{name: v.self.name, unmet: max(v.needSoon(v.self), start[v.self.name]), capped: true}}
+	for _, n := range v.peers {
+		if !n.live || !n.active() {
+			continue
+		}
+		need := v.needSoon(n)
+		if !n.claimed {
+			need = start[n.name]
+		}
+		cs = append(cs, claimant{name: n.name, unmet: need, capped: true})
+	}
+	parts, _ := allocate(v.limit, cs, v.members)
+	return parts[0]
+}
+
+// startParts are the bounds the nodes set for the current window before it began, as
+// planGrants sets them (their parts of the limit by the last window's demand), by name.
+func (v shareView) startParts() map[string]int64 {
+	var cs []claimant
+	if v.self.prevDemand > 0 {
+		cs = append(cs, claimant{name: v.self.name, unmet: v.ceil(float64(v.self.prevDemand) * needMargin), capped: true})
+	}
+	for _, n := range v.peers {
+		if n.live && n.prevDemand > 0 {
+			cs = append(cs, claimant{name: n.name, unmet: v.ceil(float64(n.prevDemand) * needMargin), capped: true})
+		}
+	}
+	parts, _ := allocate(v.limit, cs, v.members)
+	out := make(map[string]int64, len(cs))
+	for i, c := range cs {
+		out[c.name] = parts[i]
+	}
+	return out
 }

@@ -20,6 +20,10 @@ const maxBuckets = 1024
 type slots struct {
 	lim  *limiter.Limiter
 	self string
+	// planMu serializes share mode's plan of a key and the grants (grant.go), so that
+	// no bound is set from a view older than a grant applied or made. It is taken per
+	// key, so that a grant waits for one plan, not a whole flush.
+	planMu sync.Mutex
 
 	mu      sync.Mutex
 	origins map[string]uint32
@@ -28,8 +32,12 @@ type slots struct {
 	// pending lists keys holding a slot for a window that has not begun on this node's
 	// clock (a sender whose clock is ahead); the sum goes to the limiter when it begins.
 	pending map[limiter.Key]struct{}
-	// touched lists keys merged since the last tick, for share mode.
+	// touched lists keys merged since the last tick, for share mode; recheck the keys
+	// whose plan is made again at every tick though nothing was heard or counted (this
+	// node holds more than it counted, or bounds the next window), so that an idle
+	// node's bound falls to its count in time.
 	touched map[limiter.Key]struct{}
+	recheck map[limiter.Key]struct{}
 	// current maps a node name to its newest origin that sent to this node directly:
 	// an earlier incarnation of a restarted node is no longer a live member.
 	current map[string]uint32
@@ -64,6 +72,11 @@ type slot struct {
 	// (prevEnd is that window's end).
 	prevEnd    int64
 	prevDemand uint32
+	// floor is the bound this node, the key's owner, granted the origin, held for it
+	// until a value sent after floorUntil (the origin's clock: the latest moment it
+	// applies a grant), or one with a bound as high, shows its own (grant.go).
+	floor      uint32
+	floorUntil int64
 }
 
 // demand is what the origin was asked for in the slot's window: its count and the hits
@@ -79,6 +92,7 @@ func newSlots(lim *limiter.Limiter, self string) *slots {
 		keys:    map[limiter.Key]*keyState{},
 		pending: map[limiter.Key]struct{}{},
 		touched: map[limiter.Key]struct{}{},
+		recheck: map[limiter.Key]struct{}{},
 		current: map[string]uint32{},
 	}
 }
@@ -137,6 +151,11 @@ func (s *slots) merge(origin string, v value, sentAt, now int64) mergeResult {
 			// The bound may go down as well as up: the newest message's holds.
 			if v.share && sentAt >= sl.at {
 				sl.share, sl.refused, sl.cap, sl.capped, sl.limit, sl.at = true, max(sl.refused, v.refused), v.cap, v.capped, v.limit, sentAt
+			}
+			if sl.floor > 0 && v.share && (sentAt > sl.floorUntil || (sentAt >= sl.at && v.capped && v.cap >= sl.floor)) {
+				// A value sent after the asker could still apply a grant, or one whose
+				// bound holds all that was granted: its bound is what it holds.
+				sl.floor = 0
 			}
 			if sl.demand() > before {
 				sl.grewAt = max(sl.grewAt, sentAt)
@@ -231,6 +250,9 @@ func (s *slots) tick(now int64) map[limiter.Key]struct{} {
 	}
 	touched := s.touched
 	s.touched = map[limiter.Key]struct{}{}
+	for k := range s.recheck {
+		touched[k] = struct{}{}
+	}
 	return touched
 }
 
@@ -250,6 +272,7 @@ func (s *slots) sweep(now int64) {
 		if len(live) == 0 && ks.ownEnd+ks.ownSizeMS <= now {
 			delete(s.keys, k)
 			delete(s.pending, k)
+			delete(s.recheck, k)
 		}
 	}
 }
@@ -275,6 +298,10 @@ type shareEnv struct {
 	// members is the number of live members, this node included.
 	live    func(name string) bool
 	members int
+	// grants says every live member runs the owner's grants (grant.go); owns reports
+	// whether this node owns a key now, and may grant from it.
+	grants bool
+	owns   func(k limiter.Key) bool
 }
 
 // shareTick runs share mode (share.go) for the keys merged or counted since the last
@@ -283,10 +310,19 @@ type shareEnv struct {
 func (s *slots) shareTick(keys, changed map[limiter.Key]struct{}, env shareEnv) (capped int, send []limiter.Key) {
 	for k := range keys {
 		_, sending := changed[k]
-		p := s.share(k, env, sending)
+		s.planMu.Lock()
+		p, held := s.share(k, env, sending)
+		s.planMu.Unlock()
 		if p.curCapped {
 			capped++
 		}
+		s.mu.Lock()
+		if env.grants && (held || p.nextCapped) {
+			s.recheck[k] = struct{}{}
+		} else {
+			delete(s.recheck, k)
+		}
+		s.mu.Unlock()
 		if p.send {
 			send = append(send, k)
 		}
@@ -295,12 +331,12 @@ func (s *slots) shareTick(keys, changed map[limiter.Key]struct{}, env shareEnv) 
 }
 
 // share sets or lifts k's bounds in the current window and the next; sending says the
-// flush sends k's value anyway.
-func (s *slots) share(k limiter.Key, env shareEnv, sending bool) sharePlan {
+// flush sends k's value anyway. held says the current bound is above this node's count.
+func (s *slots) share(k limiter.Key, env shareEnv, sending bool) (sharePlan, bool) {
 	snap, _ := s.lim.Lookup(k)
 	v, ok := s.shareView(k, snap, env)
 	if !ok {
-		return sharePlan{}
+		return sharePlan{}, false
 	}
 	v.sending = sending
 	p := v.plan()
@@ -314,7 +350,7 @@ func (s *slots) share(k limiter.Key, env shareEnv, sending bool) sharePlan {
 	}
 	apply(end, p.cur, p.curCapped)
 	apply(end+v.sizeMS, p.next, p.nextCapped)
-	return p
+	return p, p.curCapped && p.cur > v.self.count
 }
 
 // shareView gathers what share mode needs of k: this node's count and demand (from
@@ -337,7 +373,7 @@ func (s *slots) shareView(k limiter.Key, snap limiter.Snapshot, env shareEnv) (v
 	}
 	start := env.now / size * size
 	end := start + size
-	v = shareView{now: env.now, startMS: start, sizeMS: size, intervalMS: env.intervalMS, limit: int64(snap.Limit), members: env.members}
+	v = shareView{now: env.now, startMS: start, sizeMS: size, intervalMS: env.intervalMS, limit: int64(snap.Limit), members: env.members, grants: env.grants}
 
 	// This node: its snapshot is of the window it last counted in.
 	own := uint64(snap.Own) + uint64(snap.Refused)
@@ -387,7 +423,7 @@ func (s *slots) shareView(k limiter.Key, snap limiter.Snapshot, env shareEnv) (v
 		switch {
 		case sl.endMS == end:
 			n.count, n.demand, n.grewAt = int64(sl.count), int64(sl.demand()), sl.grewAt
-			n.claim, n.claimed, n.capped = int64(sl.cap), sl.share, sl.capped
+			n.claim, n.claimed, n.capped, n.floor = int64(sl.cap), sl.share, sl.capped, int64(sl.floor)
 			if sl.share {
 				n.at = min(sl.at, env.now)
 			}
@@ -422,6 +458,9 @@ func (s *slots) view(k limiter.Key) []SlotView {
 			if sl.capped {
 				v.Bound = &sl.cap
 			}
+			if sl.floor > 0 {
+				v.Granted = &sl.floor
+			}
 			out = append(out, v)
 		}
 	}
@@ -429,7 +468,8 @@ func (s *slots) view(k limiter.Key) []SlotView {
 }
 
 // SlotView is one remote origin's slot of a counter, with what share mode knows of it:
-// the hits its bound refused, and its bound (absent: none, or not known).
+// the hits its bound refused, its bound (absent: none, or not known), and what this
+// node granted it as the key's owner.
 type SlotView struct {
 	Origin      string  `json:"origin"`
 	WindowMS    int64   `json:"window_ms"`
@@ -437,4 +477,59 @@ type SlotView struct {
 	Count       uint32  `json:"count"`
 	Refused     uint32  `json:"refused"`
 	Bound       *uint32 `json:"share_bound,omitempty"`
+	// Granted is the bound this node, the key's owner, granted the origin, held until
+	// the origin's values show it (absent: none).
+	Granted *uint32 `json:"share_granted,omitempty"`
+}
+
+// grantRoom is the owner's grant (grant.go) to origin, asking for want hits of k in the
+// window ending at endMS, whose value it just merged: what nobody holds, as this node
+// knows, up to want or a member's part of it. The grant is held for origin (its slot's
+// floor) until a value it sent after until shows its bound. A grant to this node itself
+// raises its own bound at once. The caller holds planMu.
+func (s *slots) grantRoom(k limiter.Key, origin string, want uint32, endMS, until int64, env shareEnv) uint32 {
+	snap, _ := s.lim.Lookup(k)
+	v, ok := s.shareView(k, snap, env)
+	if !ok || v.startMS+v.sizeMS != endMS {
+		return 0
+	}
+	if origin == s.self {
+		if !v.self.claimed {
+			// Bound at its count first: the others may hold the rest.
+			s.lim.SetCap(k, v.sizeMS, endMS, uint32(min(max(v.self.count, 0), math.MaxUint32-1)))
+			v.self.claim, v.self.claimed, v.self.capped = v.self.count, true, true
+		}
+		g := v.grantFor(int64(want))
+		if g > 0 && !s.lim.RaiseCap(k, v.sizeMS, endMS, uint32(g)) {
+			return 0
+		}
+		return uint32(g)
+	}
+	var asker *shareNode
+	for i := range v.peers {
+		if v.peers[i].name == origin {
+			asker = &v.peers[i]
+		}
+	}
+	if asker == nil || !asker.live || !asker.claimed || !asker.capped {
+		return 0
+	}
+	g := v.grantFor(int64(want))
+	if g == 0 {
+		return 0
+	}
+	floor := v.holds(*asker) + g
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	oid := s.origins[origin]
+	if ks := s.keys[k]; ks != nil {
+		for i := range ks.slots {
+			if sl := &ks.slots[i]; sl.origin == oid && sl.endMS == endMS {
+				sl.floor = uint32(min(max(int64(sl.floor), floor), math.MaxUint32-1))
+				sl.floorUntil = max(sl.floorUntil, until)
+				return uint32(g)
+			}
+		}
+	}
+	return 0
 }

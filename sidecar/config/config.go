@@ -41,6 +41,9 @@ type Config struct {
 	// ShareMode (RATE_LIMIT_SHARE_MODE) divides each counter's limit among the nodes
 	// of a cluster that count it.
 	ShareMode bool
+	// GrantWait (RATE_LIMIT_GRANT_WAIT_MS) is how long a check refused by its share-mode
+	// bound below the limit waits for the key's owner to grant room; 0 never asks.
+	GrantWait time.Duration
 	Cluster   Cluster
 	// ClockOffset shifts the sidecar's wall clock (SIDECAR_TEST_CLOCK_OFFSET_MS): a test
 	// hook for a node whose clock is off.
@@ -151,6 +154,7 @@ func Load(getenv func(string) string) (*Config, error) {
 		HTTPAddr:      orDefault(getenv("SIDECAR_HTTP_ADDR"), DefaultHTTPAddr),
 		DatabaseURL:   strings.TrimSpace(getenv("DATABASE_URL")),
 		SyncInterval:  100 * time.Millisecond,
+		GrantWait:     25 * time.Millisecond,
 		Limits:        map[string]buckets.Limit{},
 		OverrideTTL:   30 * time.Second,
 		CleanPeriod:   60 * time.Second,
@@ -192,6 +196,13 @@ func Load(getenv func(string) string) (*Config, error) {
 			return nil, fmt.Errorf("RATE_LIMIT_SYNC_INTERVAL_MS=%q: %w", v, err)
 		}
 		c.SyncInterval = ms
+	}
+	if v := strings.TrimSpace(getenv("RATE_LIMIT_GRANT_WAIT_MS")); v != "" {
+		ms, err := strconv.ParseInt(v, 10, 64)
+		if err != nil || ms < 0 || ms > 1000 {
+			return nil, fmt.Errorf("RATE_LIMIT_GRANT_WAIT_MS=%q: must be whole milliseconds from 0 (never ask) to 1000", v)
+		}
+		c.GrantWait = time.Duration(ms) * time.Millisecond
 	}
 
 	if c.TrustedProxies, err = clientip.Load(getenv); err != nil {

@@ -68,6 +68,9 @@ type Limiter struct {
 	ids     atomic.Pointer[map[string]BucketID] // name → BucketID
 	// refunds maps a BucketID to the BucketID of its refunds (take.go), once one was made.
 	refunds sync.Map
+	// boundRefused, when set, is asked for more room when share mode's bound refuses
+	// hits the limit would allow (OnBoundRefused).
+	boundRefused atomic.Pointer[func(k Key, n uint32, sizeMS, endMS int64) bool]
 }
 
 type shard struct {
@@ -211,7 +214,44 @@ func (l *Limiter) Check(k Key, n uint32, lim Limit) Result {
 	}
 	total := ext.total(own, w)
 	ext.noteLimit(lim.Count)
+	for try := 0; !ok && try < maxAsks && total <= lim.Count && n <= lim.Count-total; try++ {
+		// The bound refused what the limit allows: ask for room, and try once more.
+		if !l.askRoom(k, n, windowMS(lim), end) {
+			break
+		}
+		own, ok = l.addAgain(k, ext, n, w, end, windowMS(lim))
+		total = ext.total(own, w)
+	}
 	return decide(ok && total <= lim.Count, total, lim, now, end)
+}
+
+// maxAsks bounds how often one check asks for room (a grant another check of the key
+// took first is asked for again).
+const maxAsks = 3
+
+// addAgain adds n hits to k again after room was granted, and takes back the note of
+// the first try that they were refused.
+func (l *Limiter) addAgain(k Key, ext *replica, n, w uint32, end, size int64) (uint32, bool) {
+	_, own, ok := l.add(k, n, w, end, size, true)
+	// Refused or not this time, the first try noted the hits as refused once too many.
+	ext.unnoteRefused(n, w)
+	return own, ok
+}
+
+// OnBoundRefused sets f to be called, on the checking goroutine, whenever share mode's
+// bound refuses n hits of k in the window of sizeMS ending at endMS that the count known
+// here would allow. f may wait (briefly: the check waits with it) for more room and
+// raise the bound (RaiseCap); it reports whether it did, and the hits are then tried
+// once more.
+func (l *Limiter) OnBoundRefused(f func(k Key, n uint32, sizeMS, endMS int64) bool) {
+	l.boundRefused.Store(&f)
+}
+
+func (l *Limiter) askRoom(k Key, n uint32, sizeMS, endMS int64) bool {
+	if f := l.boundRefused.Load(); f != nil {
+		return (*f)(k, n, sizeMS, endMS)
+	}
+	return false
 }
 
 // Record adds n hits to k without deciding: the result is always allowed.

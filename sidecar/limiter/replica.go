@@ -79,6 +79,20 @@ func (r *replica) noteRefused(n, w uint32) {
 	}
 }
 
+// unnoteRefused takes back n hits noted as refused in window w.
+func (r *replica) unnoteRefused(n, w uint32) {
+	for {
+		old := r.refused.Load()
+		if uint32(old>>32) != w {
+			return
+		}
+		c := uint32(old) - min(n, uint32(old))
+		if r.refused.CompareAndSwap(old, uint64(w)<<32|uint64(c)) {
+			return
+		}
+	}
+}
+
 func (r *replica) noteLimit(limit uint32) {
 	if r.limit.Load() != limit {
 		r.limit.Store(limit)
@@ -218,6 +232,55 @@ func (l *Limiter) SetCap(k Key, sizeMS int64, endMS int64, cap uint32) {
 	}
 	word := windowWord(sizeMS, endMS)
 	e.ext.cap[(word>>32)&1].Store(word | uint64(min(cap, math.MaxUint32-1)+1))
+}
+
+// RaiseCap raises k's share-mode bound in the window of sizeMS ending at endMS by n, and
+// reports whether there was a bound to raise (none: the window is not the bound's).
+func (l *Limiter) RaiseCap(k Key, sizeMS int64, endMS int64, n uint32) bool {
+	s := l.shard(k)
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	e := s.get(k)
+	if e == nil || e.ext == nil {
+		return false
+	}
+	word := windowWord(sizeMS, endMS)
+	c := &e.ext.cap[(word>>32)&1]
+	for {
+		v := c.Load()
+		if v == 0 || v>>32 != word>>32 {
+			return false
+		}
+		bound := uint32(v) - 1
+		bound += min(n, math.MaxUint32-1-bound)
+		if c.CompareAndSwap(v, word|uint64(bound+1)) {
+			return true
+		}
+	}
+}
+
+// RaiseCapTo raises k's share-mode bound in the window of sizeMS ending at endMS to to,
+// if it is lower, and reports whether there was a bound (a lower one counts).
+func (l *Limiter) RaiseCapTo(k Key, sizeMS int64, endMS int64, to uint32) bool {
+	s := l.shard(k)
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	e := s.get(k)
+	if e == nil || e.ext == nil {
+		return false
+	}
+	word := windowWord(sizeMS, endMS)
+	c := &e.ext.cap[(word>>32)&1]
+	to = min(to, math.MaxUint32-1)
+	for {
+		v := c.Load()
+		if v == 0 || v>>32 != word>>32 {
+			return false
+		}
+		if uint32(v)-1 >= to || c.CompareAndSwap(v, word|uint64(to+1)) {
+			return true
+		}
+	}
 }
 
 // CapIn returns k's share-mode bound in the window of sizeMS ending at endMS, and false

@@ -287,3 +287,52 @@ func BenchmarkCheckReplicated(b *testing.B) {
 		})
 	}
 }
+
+// TestBoundRefusedAsksForRoom: a check or take the share-mode bound refuses while the
+// limit has room asks for it (OnBoundRefused), is tried again once the bound rose
+// (RaiseCap), and is not noted as refused; one the limit itself refuses asks nothing.
+func TestBoundRefusedAsksForRoom(t *testing.T) {
+	l, _ := newReplicated(t, 10_000)
+	k := Key{l.Bucket("b"), "x"}
+	lim := Limit{Count: 10, Window: time.Second}
+	l.SetRemote(k, 1000, 11_000, 5)
+	l.SetCap(k, 1000, 11_000, 1)
+	asks, grant := 0, uint32(1)
+	l.OnBoundRefused(func(got Key, n uint32, sizeMS, endMS int64) bool {
+		asks++
+		if got != k || n != 1 || sizeMS != 1000 || endMS != 11_000 {
+			t.Errorf("asked for %v %d in %d ending %d", got, n, sizeMS, endMS)
+		}
+		return grant > 0 && l.RaiseCap(got, sizeMS, endMS, grant)
+	})
+	if r := l.Check(k, 1, lim); !r.Allowed || asks != 0 {
+		t.Fatalf("within the bound: %+v, %d asks", r, asks)
+	}
+	if r := l.Check(k, 1, lim); !r.Allowed || asks != 1 {
+		t.Fatalf("the bound refused, room granted: %+v, %d asks", r, asks)
+	}
+	if r := l.Take(k, 1, lim); !r.Allowed || asks != 2 {
+		t.Fatalf("take: %+v, %d asks", r, asks)
+	}
+	s, _ := l.Lookup(k)
+	if s.Own != 3 || s.Refused != 0 || s.Cap != 3 {
+		t.Fatalf("after the grants: %+v", s)
+	}
+	// Nothing granted: refused, noted, asked once per try.
+	grant = 0
+	if r := l.Check(k, 1, lim); r.Allowed || asks != 3 {
+		t.Fatalf("no grant: %+v, %d asks", r, asks)
+	}
+	if s, _ := l.Lookup(k); s.Own != 3 || s.Refused != 1 {
+		t.Fatalf("after a refusal: %+v", s)
+	}
+	// The limit itself is reached: no asking.
+	grant = 5
+	l.SetRemote(k, 1000, 11_000, 7)
+	if r := l.Check(k, 1, lim); r.Allowed || asks != 3 {
+		t.Fatalf("at the limit: %+v, %d asks", r, asks)
+	}
+	if l.RaiseCap(Key{l.Bucket("b"), "none"}, 1000, 11_000, 1) {
+		t.Fatal("raised the bound of a counter without one")
+	}
+}

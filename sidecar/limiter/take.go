@@ -40,6 +40,17 @@ func (l *Limiter) Take(k Key, n uint32, lim Limit) Result {
 	own, ok := e.add(n, w, end, size, maxOwn)
 	if e.ext != nil {
 		s.noteAdded(k, e, e.ext, n, w, ok)
+		room := budget - min(budget, remote)
+		for try := 0; !ok && try < maxAsks && own <= room && n <= room-own; try++ {
+			// The bound refused, not the limit: ask for room, and try once more.
+			if !l.askRoom(k, n, size, end) {
+				break
+			}
+			if own, ok = e.add(n, w, end, size, min(room, e.ext.capFor(w))); ok {
+				e.ext.unnoteRefused(n, w)
+				s.noteChanged(k, e, e.ext)
+			}
+		}
 	}
 	count := own + remote
 	if count < own {

@@ -147,7 +147,7 @@ func Start(cfg *config.Config, o Options) (*Sidecar, error) {
 		s.Cluster, err = cluster.Start(cluster.Config{
 			NodeName: cl.NodeName, BindAddr: cl.BindAddr, AdvertiseAddr: cl.AdvertiseAddr,
 			Strategy: cl.Strategy, Join: cl.Join, DNSName: cl.DNSName, SecretKey: cl.SecretKey,
-			SyncInterval: cfg.SyncInterval, ShareMode: cfg.ShareMode, Traffic: s.Traffic,
+			SyncInterval: cfg.SyncInterval, ShareMode: cfg.ShareMode, GrantWait: grantWait(cfg.GrantWait), Traffic: s.Traffic,
 			Now: o.Now, Logger: log, Registry: s.Metrics.Registry,
 		}, s.Limiter)
 		if err != nil {
@@ -359,4 +359,12 @@ func (s *Sidecar) Stop() {
 		}
 		s.log.Info("sidecar stopped")
 	})
+}
+
+// grantWait is the cluster's GrantWait for RATE_LIMIT_GRANT_WAIT_MS: 0 there never asks.
+func grantWait(d time.Duration) time.Duration {
+	if d <= 0 {
+		return -1
+	}
+	return d
 }

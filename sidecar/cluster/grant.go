@@ -1,0 +1,439 @@
+package cluster
+
+import (
+	"encoding/binary"
+	"hash/fnv"
+	"math"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/converger/edge/sidecar/limiter"
+)
+
+// The owner's grants (share.go explains why): when every live member runs them, the
+// part of a key's limit that no node holds belongs to one node, the key's owner, and
+// only the owner gives it out, one request at a time.
+//
+//	ask    := askKind(1 byte) sentAt(varint) origin(string) id(uvarint) want(uvarint)
+//	          waitMS(uvarint) value (as in a version 2 message, endMS minus sentAt)
+//	answer := answerKind(1 byte) origin(string) id(uvarint) bucket(string) key(string)
+//	          endMS(varint) grant(uvarint)
+//
+// Their first bytes are neither a counters' version nor the live view's, and a node
+// asks only members that announce grants (featureGrants in the second byte of their
+// metadata), so nodes of earlier releases never get them.
+const (
+	askKind    byte = 'Q'
+	answerKind byte = 'G'
+	// featureGrants, in the second byte of a member's metadata, says it asks and
+	// answers grants.
+	featureGrants byte = 1
+	// DefaultGrantWait is how long a check refused by its bound waits for the owner's
+	// answer by default.
+	DefaultGrantWait = 25 * time.Millisecond
+	// maxAsks bounds the keys a node waits on grants for at once.
+	maxAsks = 4096
+)
+
+// ownerOf is the owner of a key among members (node names): the highest rendezvous
+// hash of member and key, so that every node with the same members picks the same one
+// and a member leaving moves only its own keys.
+func ownerOf(bucket, id string, members []string) string {
+	best, bestH := "", uint64(0)
+	for _, m := range members {
+		h := fnv.New64a()
+		h.Write([]byte(m))
+		h.Write([]byte{0})
+		h.Write([]byte(bucket))
+		h.Write([]byte{0})
+		h.Write([]byte(id))
+		x := mix64(h.Sum64())
+		if best == "" || x > bestH || (x == bestH && m < best) {
+			best, bestH = m, x
+		}
+	}
+	return best
+}
+
+// mix64 spreads FNV's bits (its last bytes move the high bits little).
+func mix64(x uint64) uint64 {
+	x ^= x >> 33
+	x *= 0xff51afd7ed558ccd
+	x ^= x >> 33
+	x *= 0xc4ceb9fe1a85ec53
+	x ^= x >> 33
+	return x
+}
+
+// owners is a membership's grant-capable members, as the owners of keys see them.
+type owners struct {
+	self string
+	// names are the live members running grants, this node included; nil when some
+	// live member does not (grants are off).
+	names []string
+	// prev is the names before the last change, at changedAt. A node that comes to own
+	// a key by a change grants only settleMove after it, once the grants the previous
+	// owner made have reached it with the borrowers' next syncs; and none until
+	// settleStart after its own start (startedAt), once every node holding a bound it
+	// does not count has sent it or fallen silent.
+	prev                    []string
+	changedAt, startedAt    int64
+	settleMove, settleStart int64
+}
+
+// newOwners returns the owners of a node starting at now, syncing every intervalMS and
+// waiting waitMS for grants.
+func newOwners(self string, now, intervalMS, waitMS int64) owners {
+	return owners{self: self, changedAt: now, startedAt: now,
+		settleMove:  intervalMS + waitMS + max(intervalMS/4, 10),
+		settleStart: silentIntervals*intervalMS + waitMS + max(intervalMS/2, 10)}
+}
+
+// owns reports whether this node owns k (of the bucket named) at now, and may grant.
+func (o *owners) owns(bucket, id string, now int64) bool {
+	if o.names == nil || ownerOf(bucket, id, o.names) != o.self || now < o.startedAt+o.settleStart {
+		return false
+	}
+	return now >= o.changedAt+o.settleMove || (o.prev != nil && ownerOf(bucket, id, o.prev) == o.self)
+}
+
+// grantRequest is a node's request for room of one key.
+type grantRequest struct {
+	sentAt int64
+	origin string
+	id     uint64
+	want   uint32
+	waitMS int64
+	v      value // the asker's own value of the key
+}
+
+type grantAnswer struct {
+	origin      string // the owner
+	id          uint64
+	bucket, key string
+	endMS       int64
+	grant       uint32
+}
+
+func encodeAsk(q grantRequest) []byte {
+	b := []byte{askKind}
+	b = binary.AppendVarint(b, q.sentAt)
+	b = appendString(b, q.origin)
+	b = binary.AppendUvarint(b, q.id)
+	b = binary.AppendUvarint(b, uint64(q.want))
+	b = binary.AppendUvarint(b, uint64(max(q.waitMS, 0)))
+	v := q.v
+	b = appendString(b, v.bucket)
+	b = appendString(b, v.id)
+	b = binary.AppendUvarint(b, uint64(v.sizeMS))
+	b = binary.AppendVarint(b, v.endMS-q.sentAt)
+	b = binary.AppendUvarint(b, uint64(v.count))
+	capWord := uint64(0)
+	if v.capped {
+		capWord = uint64(v.cap) + 1
+	}
+	b = binary.AppendUvarint(b, uint64(v.refused))
+	b = binary.AppendUvarint(b, capWord)
+	return binary.AppendUvarint(b, uint64(v.limit))
+}
+
+func decodeAsk(b []byte) (grantRequest, error) {
+	var q grantRequest
+	if len(b) < 1 || b[0] != askKind {
+		return q, errMalformed
+	}
+	r := reader{b: b[1:]}
+	q.sentAt = r.varint()
+	q.origin = r.string()
+	q.id = r.uvarint()
+	want, wait := r.uvarint(), r.uvarint()
+	v := value{share: true, bucket: r.string(), id: r.string()}
+	size := r.uvarint()
+	v.endMS = q.sentAt + r.varint()
+	count, refused, capWord, limit := r.uvarint(), r.uvarint(), r.uvarint(), r.uvarint()
+	if r.err != nil || len(r.b) != 0 || q.origin == "" || v.id == "" || want == 0 || want > math.MaxUint32 ||
+		wait > 60_000 || size == 0 || size > maxWindowMS || count > math.MaxUint32 || refused > math.MaxUint32 ||
+		capWord > 1<<32 || limit > math.MaxUint32 {
+		return q, errMalformed
+	}
+	q.want, q.waitMS = uint32(want), int64(wait)
+	v.sizeMS, v.count, v.refused, v.limit = int64(size), uint32(count), uint32(refused), uint32(limit)
+	if capWord > 0 {
+		v.cap, v.capped = uint32(capWord-1), true
+	}
+	q.v = v
+	return q, nil
+}
+
+func encodeAnswer(a grantAnswer) []byte {
+	b := []byte{answerKind}
+	b = appendString(b, a.origin)
+	b = binary.AppendUvarint(b, a.id)
+	b = appendString(b, a.bucket)
+	b = appendString(b, a.key)
+	b = binary.AppendVarint(b, a.endMS)
+	return binary.AppendUvarint(b, uint64(a.grant))
+}
+
+func decodeAnswer(b []byte) (grantAnswer, error) {
+	var a grantAnswer
+	if len(b) < 1 || b[0] != answerKind {
+		return a, errMalformed
+	}
+	r := reader{b: b[1:]}
+	a.origin = r.string()
+	a.id = r.uvarint()
+	a.bucket, a.key = r.string(), r.string()
+	a.endMS = r.varint()
+	g := r.uvarint()
+	if r.err != nil || len(r.b) != 0 || g > math.MaxUint32 {
+		return a, errMalformed
+	}
+	a.grant = uint32(g)
+	return a, nil
+}
+
+// asks is a node's side of the grants: one request per key at a time, which every
+// check of the key refused meanwhile waits on, and the keys whose value is to be sent
+// to every member: at the next flush once a grant raised the bound, so that all know
+// it, and in any case at the first flush after the request's deadline, so that the
+// owner, which holds what it granted until a value sent after it, lets go of a grant
+// that came late or not at all.
+type asks struct {
+	mu      sync.Mutex
+	pending map[limiter.Key]*ask
+	soon    map[limiter.Key]struct{} // sent by the next flush
+	after   map[limiter.Key]int64    // sent by the first flush after the time
+	lastID  uint64
+	// zero holds the keys the owner answered 0 for (or did not answer), by when the
+	// node may ask again: the owner learns of more room only from syncs.
+	zero map[limiter.Key]int64
+}
+
+// ask is one outstanding request.
+type ask struct {
+	id        uint64
+	sizeMS    int64
+	endMS     int64
+	deadline  int64 // the asker's clock: an answer after it is not applied
+	done      chan struct{}
+	grant     uint32
+	answered  bool
+	reqCap    uint32 // the bound the request carried
+	closeOnce sync.Once
+}
+
+func (a *ask) finish() { a.closeOnce.Do(func() { close(a.done) }) }
+
+// start returns k's outstanding request, or a new one (first) to be sent; ok is false
+// when the node may not ask now (answered 0 lately, or too many outstanding).
+func (as *asks) start(k limiter.Key, sizeMS, endMS, now, waitMS int64) (a *ask, first, ok bool) {
+	as.mu.Lock()
+	defer as.mu.Unlock()
+	if until, ok := as.zero[k]; ok && now < until {
+		return nil, false, false
+	}
+	if a := as.pending[k]; a != nil && a.endMS == endMS && now <= a.deadline {
+		return a, false, true
+	}
+	if as.pending == nil {
+		as.pending = map[limiter.Key]*ask{}
+		as.zero = map[limiter.Key]int64{}
+	}
+	if len(as.pending) >= maxAsks || len(as.after) >= 2*maxAsks {
+		return nil, false, false
+	}
+	as.lastID++
+	a = &ask{id: as.lastID, sizeMS: sizeMS, endMS: endMS, deadline: now + waitMS, done: make(chan struct{})}
+	as.pending[k] = a
+	as.sendAfter(k, a.deadline)
+	return a, true, true
+}
+
+// sendAfter has the key's value sent by the first flush after at (the caller holds mu).
+func (as *asks) sendAfter(k limiter.Key, at int64) {
+	if as.after == nil {
+		as.after = map[limiter.Key]int64{}
+	}
+	as.after[k] = max(as.after[k], at)
+}
+
+// end drops k's request a (timed out or answered) and, when nothing was granted,
+// keeps the node from asking again for k until zeroUntil.
+func (as *asks) end(k limiter.Key, a *ask, zeroUntil int64) {
+	as.mu.Lock()
+	if as.pending[k] == a {
+		delete(as.pending, k)
+	}
+	if zeroUntil > 0 && as.zero != nil {
+		as.zero[k] = zeroUntil
+	}
+	as.mu.Unlock()
+	a.finish()
+}
+
+// take returns k's request of id, if it is outstanding.
+func (as *asks) take(k limiter.Key, id uint64) *ask {
+	as.mu.Lock()
+	defer as.mu.Unlock()
+	if a := as.pending[k]; a != nil && a.id == id {
+		return a
+	}
+	return nil
+}
+
+// result reports whether a's answer granted room, and whether it came.
+func (as *asks) result(a *ask) (granted, answered bool) {
+	as.mu.Lock()
+	defer as.mu.Unlock()
+	return a.answered && a.grant > 0, a.answered
+}
+
+// noteGranted has k's value sent by the next flush: its bound rose.
+func (as *asks) noteGranted(k limiter.Key) {
+	as.mu.Lock()
+	if as.soon == nil {
+		as.soon = map[limiter.Key]struct{}{}
+	}
+	as.soon[k] = struct{}{}
+	as.mu.Unlock()
+}
+
+// due returns the keys whose value a flush at now sends, and forgets them; a key whose
+// bound rose with a request still open is sent now and once more after its deadline.
+func (as *asks) due(now int64) []limiter.Key {
+	as.mu.Lock()
+	defer as.mu.Unlock()
+	var out []limiter.Key
+	for k := range as.soon {
+		out = append(out, k)
+	}
+	clear(as.soon)
+	for k, at := range as.after {
+		if at < now {
+			out = append(out, k)
+			delete(as.after, k)
+		}
+	}
+	return out
+}
+
+// sweep forgets the requests and zero answers that are over by now.
+func (as *asks) sweep(now int64) {
+	as.mu.Lock()
+	defer as.mu.Unlock()
+	for k, until := range as.zero {
+		if until <= now {
+			delete(as.zero, k)
+		}
+	}
+	for k, a := range as.pending {
+		if a.endMS <= now || a.deadline+1000 < now {
+			delete(as.pending, k)
+			a.finish()
+		}
+	}
+}
+
+// request builds this node's request for want hits of k in the window of sizeMS
+// ending at endMS, with its own value of the key.
+func (r *replicator) request(k limiter.Key, a *ask, want uint32, now, waitMS int64) grantRequest {
+	v := value{bucket: r.lim.BucketName(k.Bucket), id: k.ID, sizeMS: a.sizeMS, endMS: a.endMS, share: true}
+	if s, ok := r.lim.Lookup(k); ok && s.SizeMS == a.sizeMS && s.EndMS == a.endMS {
+		v.count, v.refused, v.limit = s.Own, s.Refused, s.Limit
+	} else if ok {
+		v.limit = s.Limit
+	}
+	v.cap, v.capped = r.lim.CapIn(k, a.sizeMS, a.endMS)
+	r.asks.mu.Lock()
+	a.reqCap = v.cap
+	r.asks.mu.Unlock()
+	return grantRequest{sentAt: now, origin: r.origin, id: a.id, want: want, waitMS: waitMS, v: v}
+}
+
+// grant answers another node's request, as the key's owner: it merges the asker's
+// value (state like any other) and grants from what nobody holds. Not the owner (as
+// owns says at env.now): 0.
+func (r *replicator) grant(q grantRequest, env shareEnv) (grantAnswer, bool) {
+	ans := grantAnswer{origin: r.origin, id: q.id, bucket: q.v.bucket, key: q.v.id, endMS: q.v.endMS}
+	if q.origin == r.origin || !env.grants || !r.share {
+		return ans, false
+	}
+	r.slots.planMu.Lock()
+	defer r.slots.planMu.Unlock()
+	if r.slots.merge(q.origin, q.v, q.sentAt, env.now) != merged {
+		return ans, false
+	}
+	r.slots.sawDirect(q.origin)
+	b, ok := r.lim.LookupBucket(q.v.bucket)
+	if !ok {
+		return ans, false
+	}
+	k := limiter.Key{Bucket: b, ID: q.v.id}
+	if !env.owns(k) {
+		return ans, true
+	}
+	ans.grant = r.slots.grantRoom(k, q.origin, q.want, q.v.endMS, q.sentAt+q.waitMS, env)
+	return ans, true
+}
+
+// grantSelf is the owner's grant to itself.
+func (r *replicator) grantSelf(k limiter.Key, want uint32, endMS int64, env shareEnv) uint32 {
+	r.slots.planMu.Lock()
+	defer r.slots.planMu.Unlock()
+	if !env.owns(k) {
+		return 0
+	}
+	g := r.slots.grantRoom(k, r.origin, want, endMS, env.now, env)
+	if g > 0 {
+		r.asks.noteGranted(k)
+	}
+	return g
+}
+
+// answer applies an owner's answer at now (this node's clock): the bound of the key
+// rises by the grant if the request is still waited on, and its value goes to every
+// member with the next flush. It returns the request and whether it was applied.
+func (r *replicator) answer(ans grantAnswer, now, intervalMS int64) (*ask, bool) {
+	b, ok := r.lim.LookupBucket(ans.bucket)
+	if !ok {
+		return nil, false
+	}
+	k := limiter.Key{Bucket: b, ID: ans.key}
+	a := r.asks.take(k, ans.id)
+	if a == nil || a.endMS != ans.endMS || now > a.deadline {
+		return a, false
+	}
+	applied := false
+	if ans.grant > 0 {
+		// To the bound the request carried and the grant: the owner holds that much
+		// for this node (the bound may have fallen meanwhile, by its own plan).
+		r.asks.mu.Lock()
+		to := uint64(a.reqCap) + uint64(ans.grant)
+		r.asks.mu.Unlock()
+		r.slots.planMu.Lock()
+		applied = r.lim.RaiseCapTo(k, a.sizeMS, a.endMS, uint32(min(to, math.MaxUint32-1)))
+		r.slots.planMu.Unlock()
+	}
+	r.asks.mu.Lock()
+	a.answered = true
+	if applied {
+		a.grant = ans.grant
+	}
+	r.asks.mu.Unlock()
+	zeroUntil := int64(0)
+	if applied {
+		r.asks.noteGranted(k)
+	} else {
+		zeroUntil = now + intervalMS
+	}
+	r.asks.end(k, a, zeroUntil)
+	return a, applied
+}
+
+// sortedNames returns names sorted (a membership's grant-capable members).
+func sortedNames(names []string) []string {
+	slices.Sort(names)
+	return names
+}

@@ -1,0 +1,181 @@
+package cluster
+
+import (
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/converger/edge/sidecar/limiter"
+)
+
+// TestGrantsBetweenTwoNodes: two real nodes on loopback, both counting a key. The node
+// that does not own it, bound at its count once it has counted, asks the owner for room when its bound
+// refuses a check below the limit, and gets it at once.
+func TestGrantsBetweenTwoNodes(t *testing.T) {
+	start := func(name string, join []string) *Cluster {
+		c, err := Start(Config{NodeName: name, BindAddr: "127.0.0.1:0", Strategy: "static", Join: join,
+			SyncInterval: 100 * time.Millisecond, ShareMode: true, GrantWait: 200 * time.Millisecond, Logger: quiet},
+			limiter.New(limiter.Options{Replicated: true}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(c.Stop)
+		return c
+	}
+	a := start("a", nil)
+	b := start("b", []string{a.ml.LocalNode().Address()})
+	deadline := time.Now().Add(10 * time.Second)
+	on := func(c *Cluster) bool {
+		c.ownersMu.Lock()
+		defer c.ownersMu.Unlock()
+		return len(c.owners.names) == 2 && c.nowMS() >= c.owners.changedAt+c.owners.settleMove && c.nowMS() >= c.owners.startedAt+c.owners.settleStart
+	}
+	for !on(a) || !on(b) {
+		if time.Now().After(deadline) {
+			t.Fatalf("grants not on: a %v, b %v", a.owners, b.owners)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	lim := limiter.Limit{Count: 10, Window: time.Hour}
+	if left := lim.Window.Milliseconds() - a.lim.NowMS()%lim.Window.Milliseconds(); left < 20_000 {
+		time.Sleep(time.Duration(left+100) * time.Millisecond)
+	}
+	// A key b does not own.
+	id := ""
+	for i := 0; id == ""; i++ {
+		if s := "192.0.2." + string(rune('a'+i%26)) + string(rune('a'+i/26)); ownerOf("token_create", s, []string{"a", "b"}) == "a" {
+			id = s
+		}
+	}
+	k := limiter.Key{Bucket: b.lim.Bucket("token_create"), ID: id}
+	// a counts the key too, so that b is not the only node with demand (not bound).
+	if !a.lim.Check(limiter.Key{Bucket: a.lim.Bucket("token_create"), ID: id}, 1, lim).Allowed {
+		t.Fatal("a's check refused")
+	}
+	if !b.lim.Check(k, 1, lim).Allowed {
+		t.Fatal("the first check refused")
+	}
+	// Their next flushes bound both at their counts (each hears of the other's demand).
+	ka := limiter.Key{Bucket: a.lim.Bucket("token_create"), ID: id}
+	for {
+		end := windowEnd(b.nowMS(), lim.Window.Milliseconds())
+		cb, okb := b.lim.CapIn(k, lim.Window.Milliseconds(), end)
+		ca, oka := a.lim.CapIn(ka, lim.Window.Milliseconds(), end)
+		if okb && cb == 1 && oka && ca == 1 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("a and b not bound at their counts")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	for i := range 8 {
+		if r := b.lim.Check(k, 1, lim); !r.Allowed {
+			t.Fatalf("check %d of 9 refused: %+v, debug %+v", i+2, r, b.Debug("token_create", id))
+		}
+	}
+	if r := b.lim.Check(k, 1, lim); r.Allowed {
+		t.Fatalf("the 11th check of the key allowed: %+v", r)
+	}
+	asked := counter(t, b.m.grants.WithLabelValues("asked", "sent"))
+	granted := counter(t, b.m.grants.WithLabelValues("asked", "granted"))
+	given := counter(t, a.m.grants.WithLabelValues("answered_other", "granted"))
+	if asked == 0 || granted == 0 || given != granted {
+		t.Errorf("b asked %g and was granted %g times; a granted %g", asked, granted, given)
+	}
+	t.Logf("b asked %g times, granted %g; a gave %g hits", asked, granted, counter(t, a.m.grantedHits.WithLabelValues("other")))
+}
+
+// TestOwnerOf: every member with the same view picks the same owner, keys spread over
+// the members, and a member leaving moves only the keys it owned.
+func TestOwnerOf(t *testing.T) {
+	all := []string{"n1", "n2", "n3", "n4", "n5"}
+	without := []string{"n1", "n2", "n4", "n5"}
+	per := map[string]int{}
+	for i := range 1000 {
+		id := fmt.Sprintf("198.51.100.%d/%d", i%256, i)
+		o := ownerOf("token_create", id, all)
+		if o2 := ownerOf("token_create", id, []string{"n5", "n3", "n1", "n4", "n2"}); o2 != o {
+			t.Fatalf("%s: owner %s, or %s in another order", id, o, o2)
+		}
+		per[o]++
+		if o2 := ownerOf("token_create", id, without); o != "n3" && o2 != o {
+			t.Errorf("%s moved from %s to %s when n3 left", id, o, o2)
+		}
+	}
+	for _, m := range all {
+		if per[m] < 150 || per[m] > 250 {
+			t.Errorf("%s owns %d of 1000 keys: %v", m, per[m], per)
+		}
+	}
+}
+
+// TestOwnsAfterSettling: a node that comes to own a key by a membership change grants
+// only once the previous owner's grants can have reached it; a node that owned it
+// before keeps granting; a node just started grants nothing until it has heard the
+// bounds.
+func TestOwnsAfterSettling(t *testing.T) {
+	o := newOwners("n1", 0, 100, 10)
+	o.names = []string{"n1", "n2"}
+	var mine, moved string
+	for i := 0; mine == "" || moved == ""; i++ {
+		id := fmt.Sprintf("k%d", i)
+		switch {
+		case ownerOf("b", id, o.names) == "n1" && ownerOf("b", id, []string{"n1", "n2", "n3"}) == "n1":
+			mine = id
+		case ownerOf("b", id, o.names) == "n1" && ownerOf("b", id, []string{"n1", "n2", "n3"}) == "n3":
+			moved = id
+		}
+	}
+	if o.owns("b", mine, o.settleStart-1) || !o.owns("b", mine, o.settleStart) {
+		t.Errorf("a node just started owns from %d ms, want %d", o.settleStart, o.settleStart)
+	}
+	// n3 joins at 1000, then leaves at 2000.
+	o.prev, o.names, o.changedAt = o.names, []string{"n1", "n2", "n3"}, 1000
+	if !o.owns("b", mine, 1001) || o.owns("b", moved, 1001) {
+		t.Errorf("after n3 joined: owns %s %v (want true), %s %v (want false: n3's)", mine, o.owns("b", mine, 1001), moved, o.owns("b", moved, 1001))
+	}
+	o.prev, o.names, o.changedAt = o.names, []string{"n1", "n2"}, 2000
+	if o.owns("b", moved, 2000+o.settleMove-1) || !o.owns("b", moved, 2000+o.settleMove) {
+		t.Errorf("after n3 left: owns %s from %d ms after, want %d", moved, o.settleMove, o.settleMove)
+	}
+	o.names = nil
+	if o.owns("b", mine, 10_000) {
+		t.Error("owns a key with grants off")
+	}
+}
+
+// TestGrantMessages: asks and answers round-trip; every truncation, and a zero want,
+// is refused whole.
+func TestGrantMessages(t *testing.T) {
+	q := grantRequest{sentAt: t0, origin: "n2#0001", id: 7, want: 3, waitMS: 10,
+		v: value{bucket: "token_create", id: "198.51.100.7", sizeMS: minute, endMS: t0 + minute, count: 4, share: true, refused: 2, cap: 4, capped: true, limit: 10}}
+	b := encodeAsk(q)
+	got, err := decodeAsk(b)
+	if err != nil || got != q {
+		t.Fatalf("ask: %+v, %v; want %+v", got, err, q)
+	}
+	for i := range b {
+		if _, err := decodeAsk(b[:i]); err == nil {
+			t.Errorf("an ask cut at %d of %d bytes decoded", i, len(b))
+		}
+	}
+	zero := q
+	zero.want = 0
+	if _, err := decodeAsk(encodeAsk(zero)); err == nil {
+		t.Error("an ask for nothing decoded")
+	}
+	a := grantAnswer{origin: "n1#0002", id: 7, bucket: "token_create", key: "198.51.100.7", endMS: t0 + minute, grant: 2}
+	b = encodeAnswer(a)
+	if got, err := decodeAnswer(b); err != nil || got != a {
+		t.Fatalf("answer: %+v, %v; want %+v", got, err, a)
+	}
+	for i := range b {
+		if _, err := decodeAnswer(b[:i]); err == nil {
+			t.Errorf("an answer cut at %d of %d bytes decoded", i, len(b))
+		}
+	}
+	if _, err := decode(encodeAsk(q)); err == nil {
+		t.Error("an ask decoded as a sync message")
+	}
+}

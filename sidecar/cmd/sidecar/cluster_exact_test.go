@@ -1,0 +1,108 @@
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+// TestClusterNoRefusalBelowTheLimit: token_create at 10 a minute per client IP, three
+// sidecars syncing every 100 ms. On each of 20 keys (client IPs, all at once): 4 checks
+// through Envoy's ext_authz on n1, 4 on n2 600 ms later, 600 ms of nothing, then 3 on
+// n3: exactly 4, 4 and 2 on every key, whichever node owns it (the key's owner grants
+// what nobody holds; n1 and n2 give back what they do not use once idle for two
+// intervals). On 20 more keys n2 starts right after n1, faster than a sync interval:
+// then n2's and n3's checks are only counted and logged when refused, and the window
+// must never go over the limit.
+func TestClusterNoRefusalBelowTheLimit(t *testing.T) {
+	t.Parallel()
+	const keys = 20
+	yaml := "limits:\n  token_create: {limit: 10, window: 1m}\n"
+	// 1 s into a fresh minute: the keys' checks take about two seconds.
+	// The owner's answers come within a millisecond on loopback, but these sidecars
+	// are race-detector builds on a shared machine, forty checks at once: they wait up
+	// to 200 ms for them rather than the default.
+	nodes := startCluster(t, 3, yaml, clockOffset(time.Minute), func(_ int, env map[string]string) {
+		env["RATE_LIMIT_GRANT_WAIT_MS"] = "200"
+	})
+	// An owner grants only once settled after its start and the last join (two and a
+	// half intervals and the wait; one and a quarter and the wait).
+	time.Sleep(600 * time.Millisecond)
+	n1, n2, n3 := nodes[0], nodes[1], nodes[2]
+	ipOf := func(i int) string { return fmt.Sprintf("203.0.113.%d", 100+i) }
+	got := make([][3]int, 2*keys)
+	var wg sync.WaitGroup
+	for i := range 2 * keys {
+		wg.Go(func() {
+			for j, step := range []struct {
+				n     *node
+				hits  int
+				pause time.Duration
+			}{{n1, 4, 0}, {n2, 4, time.Duration(i/keys) * 600 * time.Millisecond}, {n3, 3, 600 * time.Millisecond}} {
+				time.Sleep(step.pause)
+				for range step.hits {
+					if step.n.createToken(ipOf(i)) {
+						got[i][j]++
+					}
+				}
+			}
+		})
+	}
+	wg.Wait()
+	var bad []string
+	short, n3short, late := 0, 0, 0
+	for i, g := range got {
+		// n3 takes exactly what is left; n2, 600 ms after n1, should get its 4 (on a
+		// machine slow enough to delay n1's report, one may be refused: counted).
+		want := [3]int{4, 4, 2}
+		if i >= keys && g[1] < 4 {
+			late++
+		}
+		if i < keys {
+			// n1 alone gets its 4, and no window goes over the limit; n2's refusals
+			// and, when n2's refused demand was reported late (a slow machine), one of
+			// n3's are counted, not failed.
+			if g[1] < 4 {
+				short++
+			}
+			if g[2] < min(3, 10-4-g[1]) {
+				n3short++
+			}
+			want = [3]int{4, g[1], min(g[2], 10-4-g[1])}
+		}
+		if g != want {
+			d := n3.debug("token_create", ipOf(i))
+			view, _ := json.Marshal(d)
+			var ownerView []byte
+			for _, n := range nodes {
+				if n.name == d.Owner && n != n3 {
+					ownerView, _ = json.Marshal(n.debug("token_create", ipOf(i)))
+				}
+			}
+			bad = append(bad, fmt.Sprintf("key %d: allowed %v on n1, n2, n3, want %v; n3's /debug/counter: %s; the owner's: %s", i, g, want, view, ownerView))
+		}
+	}
+	t.Logf("n2 right after n1: n2 was refused some of its 4 on %d of %d keys, n3 some of what was left on %d; n2 600 ms after n1: n2 refused some on %d", short, keys, n3short, late)
+	for _, n := range nodes {
+		var line []string
+		for _, r := range [][2]string{{"asked", "sent"}, {"asked", "granted"}, {"asked", "zero"}, {"asked", "timed_out"}, {"asked", "late"},
+			{"answered_other", "granted"}, {"answered_other", "zero"}, {"answered_self", "granted"}, {"answered_self", "zero"}} {
+			v := n.metric("converger_cluster_share_grants_total", `role="`+r[0]+`"`, `result="`+r[1]+`"`)
+			line = append(line, fmt.Sprintf("%s %s %g", r[0], r[1], v))
+		}
+		t.Logf("%s grants: %s", n.name, strings.Join(line, ", "))
+	}
+	if len(bad) > 0 {
+		for _, n := range nodes {
+			for line := range strings.Lines(n.stderr.String()) {
+				if strings.Contains(line, `"WARN"`) || strings.Contains(line, `"ERROR"`) || strings.Contains(line, "GRANTDBG") {
+					t.Logf("%s: %s", n.name, strings.TrimSpace(line))
+				}
+			}
+		}
+		t.Fatalf("not exact at the limit:\n%s", strings.Join(bad, "\n"))
+	}
+}
