@@ -64,6 +64,17 @@ func newMetrics(reg prometheus.Registerer, newestAge func() float64) *metrics {
 	}
 	m.msgSent, m.msgRecv = m.messages.WithLabelValues("sent"), m.messages.WithLabelValues("received")
 	m.bytesSent, m.bytesRecv = m.bytes.WithLabelValues("sent"), m.bytes.WithLabelValues("received")
+	// Every series of the grants at 0 from the start, so that a rate of timed-out
+	// requests (an alert) has a series before the first one.
+	for _, r := range []string{"sent", "granted", "zero", "timed_out", "late"} {
+		m.grants.WithLabelValues("asked", r)
+	}
+	for _, role := range []string{"answered_other", "answered_self"} {
+		m.grants.WithLabelValues(role, "granted")
+		m.grants.WithLabelValues(role, "zero")
+	}
+	m.grantedHits.WithLabelValues("other")
+	m.grantedHits.WithLabelValues("self")
 	reg.MustRegister(m.members, m.messages, m.bytes, m.sendErrors, m.malformed, m.keysPerFlush, m.mergeLag,
 		m.stale, m.transfers, m.transferBytes, m.transferCut, m.capped, m.grants, m.grantedHits,
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
