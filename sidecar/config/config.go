@@ -42,7 +42,8 @@ type Config struct {
 	// of a cluster that count it.
 	ShareMode bool
 	// GrantWait (RATE_LIMIT_GRANT_WAIT_MS) is how long a check refused by its share-mode
-	// bound below the limit waits for the key's owner to grant room; 0 never asks.
+	// bound below the limit waits for the key's owner to grant room; 0 (the default)
+	// never asks, and the node does not take part in the owner's grants.
 	GrantWait time.Duration
 	Cluster   Cluster
 	// ClockOffset shifts the sidecar's wall clock (SIDECAR_TEST_CLOCK_OFFSET_MS): a test
@@ -154,7 +155,6 @@ func Load(getenv func(string) string) (*Config, error) {
 		HTTPAddr:      orDefault(getenv("SIDECAR_HTTP_ADDR"), DefaultHTTPAddr),
 		DatabaseURL:   strings.TrimSpace(getenv("DATABASE_URL")),
 		SyncInterval:  100 * time.Millisecond,
-		GrantWait:     25 * time.Millisecond,
 		Limits:        map[string]buckets.Limit{},
 		OverrideTTL:   30 * time.Second,
 		CleanPeriod:   60 * time.Second,
