@@ -154,7 +154,6 @@ func Start(cfg Config, lim *limiter.Limiter) (*Cluster, error) {
 		firstJoin: make(chan struct{}),
 		gone:      map[string]struct{}{},
 		members:   map[string]memberlist.Node{},
-		inbox:     make(chan []byte, inboxDepth),
 	}
 	c.rep = newReplicator(lim, c.origin, cfg.ShareMode)
 	if cfg.Traffic != nil {
@@ -164,6 +163,11 @@ func Start(cfg Config, lim *limiter.Limiter) (*Cluster, error) {
 	c.m = newMetrics(cfg.Registry, c.newestAge)
 	if cfg.GrantWait == 0 {
 		c.cfg.GrantWait = DefaultGrantWait
+	}
+	if c.grantsOn() {
+		// Without the grants nothing needs memberlist's handler free, and merging
+		// inline keeps the order and timing of merges as they were.
+		c.inbox = make(chan []byte, inboxDepth)
 	}
 	c.owners = newOwners(cfg.NodeName, c.nowMS(), max(cfg.SyncInterval.Milliseconds(), 1), max(c.cfg.GrantWait.Milliseconds(), 0))
 	if cfg.ShareMode && c.cfg.GrantWait > 0 {
@@ -204,7 +208,9 @@ func Start(cfg Config, lim *limiter.Limiter) (*Cluster, error) {
 		"strategy", cfg.Strategy, "encrypted", len(cfg.SecretKey) > 0, "sync_interval", cfg.SyncInterval, "share_mode", cfg.ShareMode)
 
 	c.wg.Go(c.syncLoop)
-	c.wg.Go(c.inboxLoop)
+	if c.inbox != nil {
+		c.wg.Go(c.inboxLoop)
+	}
 	if cfg.Traffic != nil {
 		c.wg.Go(c.trafficLoop)
 	}
