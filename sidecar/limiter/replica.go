@@ -237,6 +237,19 @@ func (l *Limiter) SetCap(k Key, sizeMS int64, endMS int64, cap uint32) {
 // RaiseCap raises k's share-mode bound in the window of sizeMS ending at endMS by n, and
 // reports whether there was a bound to raise (none: the window is not the bound's).
 func (l *Limiter) RaiseCap(k Key, sizeMS int64, endMS int64, n uint32) bool {
+	return l.raiseCap(k, sizeMS, endMS, func(bound uint32) uint32 { return bound + min(n, math.MaxUint32-1-bound) })
+}
+
+// RaiseCapTo raises k's share-mode bound in the window of sizeMS ending at endMS to to,
+// if it is lower, and reports whether there was a bound (a lower one counts).
+func (l *Limiter) RaiseCapTo(k Key, sizeMS int64, endMS int64, to uint32) bool {
+	to = min(to, math.MaxUint32-1)
+	return l.raiseCap(k, sizeMS, endMS, func(bound uint32) uint32 { return max(bound, to) })
+}
+
+// raiseCap sets k's share-mode bound in the window of sizeMS ending at endMS to
+// next(bound), which is never lower, and reports whether there was a bound.
+func (l *Limiter) raiseCap(k Key, sizeMS int64, endMS int64, next func(bound uint32) uint32) bool {
 	s := l.shard(k)
 	s.mu.RLock()
 	defer s.mu.RUnlock()
@@ -252,32 +265,8 @@ func (l *Limiter) RaiseCap(k Key, sizeMS int64, endMS int64, n uint32) bool {
 			return false
 		}
 		bound := uint32(v) - 1
-		bound += min(n, math.MaxUint32-1-bound)
-		if c.CompareAndSwap(v, word|uint64(bound+1)) {
-			return true
-		}
-	}
-}
-
-// RaiseCapTo raises k's share-mode bound in the window of sizeMS ending at endMS to to,
-// if it is lower, and reports whether there was a bound (a lower one counts).
-func (l *Limiter) RaiseCapTo(k Key, sizeMS int64, endMS int64, to uint32) bool {
-	s := l.shard(k)
-	s.mu.RLock()
-	defer s.mu.RUnlock()
-	e := s.get(k)
-	if e == nil || e.ext == nil {
-		return false
-	}
-	word := windowWord(sizeMS, endMS)
-	c := &e.ext.cap[(word>>32)&1]
-	to = min(to, math.MaxUint32-1)
-	for {
-		v := c.Load()
-		if v == 0 || v>>32 != word>>32 {
-			return false
-		}
-		if uint32(v)-1 >= to || c.CompareAndSwap(v, word|uint64(to+1)) {
+		nb := next(bound)
+		if nb == bound || c.CompareAndSwap(v, word|uint64(nb+1)) {
 			return true
 		}
 	}
