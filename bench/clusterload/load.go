@@ -108,6 +108,15 @@ func schedule(rate float64, s, n int, d time.Duration) []time.Duration {
 	}
 }
 
+// keyOf is the key of sender s's k-th check, of n senders and keys keys: each sender
+// goes through every key in turn, from its own part of them, so that every node checks
+// every key whatever n and keys are (in turn over all the senders together, a sender
+// would see only the keys of its residue modulo their greatest common divisor: at 20
+// nodes and 20 keys, one node per key).
+func keyOf(k, s, n, keys int) int {
+	return (k + s*keys/max(n, 1)) % keys
+}
+
 // burstSchedule returns, for sender s of n, the offsets from start of its checks when
 // rate × window checks go out at the start of every window of windowMS that begins in
 // [start, start + d): its part (the odd checks to the first senders), all at the
@@ -192,8 +201,7 @@ func (l loadSpec) run(ctx context.Context, c *cluster) (*loadResult, error) {
 					late++
 					maxLate = max(maxLate, lag)
 				}
-				// Checks go to keys in turn over all the senders together.
-				key := (k*len(l.senders) + s) % l.keys
+				key := keyOf(k, s, len(l.senders), l.keys)
 				sends[k] = Send{AtNS: now.UnixNano(), Node: uint8(ni), Late: isLate}
 				calls.Go(func() {
 					defer func() { <-sem }()

@@ -60,3 +60,23 @@ func TestScaleReport(t *testing.T) {
 		}
 	}
 }
+
+// TestEveryNodeChecksEveryKey: whatever the numbers of nodes and keys, each sender goes
+// through every key, equally often.
+func TestEveryNodeChecksEveryKey(t *testing.T) {
+	for _, n := range []int{1, 3, 10, 20} {
+		for _, keys := range []int{1, 20, 1000} {
+			for s := range n {
+				seen := make([]int, keys)
+				for k := range 3 * keys {
+					seen[keyOf(k, s, n, keys)]++
+				}
+				for key, c := range seen {
+					if c != 3 {
+						t.Fatalf("n=%d keys=%d: sender %d checked key %d %d times in %d checks, want 3", n, keys, s, key, c, 3*keys)
+					}
+				}
+			}
+		}
+	}
+}
