@@ -116,6 +116,10 @@ const (
 	// releaseShare is the part of the limit a bound must fall by for the node to send
 	// it at once, so that the others can take it.
 	releaseShare = 16
+	// freeShare: with the owner's grants, while at least a freeShare-th of the limit is
+	// left to grant beyond what the nodes are projected to need soon, a node keeps the
+	// room it is projected to need until the window ends (contended).
+	freeShare = 4
 )
 
 // shareNode is share mode's view of one node for one key.
@@ -206,6 +210,13 @@ func (v shareView) need(n shareNode) int64 {
 	if v.silent(n) {
 		return n.count
 	}
+	return v.needRest(n)
+}
+
+// needRest is the count the node is projected to reach in the current window at its
+// rate, silent or not: a node whose checks come further apart than silentIntervals
+// still gets them.
+func (v shareView) needRest(n shareNode) int64 {
 	left := max(v.startMS+v.sizeMS-n.at, 0)
 	return n.count + v.ceil(v.rate(n)*float64(left)*needMargin)
 }
@@ -482,10 +493,16 @@ func (v shareView) planGrants() sharePlan {
 		p.send = self.active() && !v.sending
 	case held > self.count:
 		cur := max(self.count, min(held, v.needSoon(self)))
-		if held+v.othersHold() > v.limit {
+		switch {
+		case held+v.othersHold() > v.limit:
 			// The bounds add up to more than the limit (set before the nodes knew of
 			// each other): each falls to its fair part, as the others' do.
 			cur = max(self.count, min(cur, v.fairPart()))
+		case !v.contended(held):
+			// Nobody is short of room: the node keeps what it is projected to need
+			// until the window ends, rather than give it back and ask for it again a
+			// few intervals (or, for a key checked seldom, one check) later.
+			cur = max(cur, min(held, v.needRest(self)))
 		}
 		release := held-cur >= max(v.limit/releaseShare, 1) || v.silent(self)
 		if cur < held && (v.sending || release) {
@@ -563,6 +580,21 @@ func (v shareView) grantFor(want int64) int64 {
 	}
 	members := int64(max(v.members, 1))
 	return min(u, max(want, (u+members-1)/members))
+}
+
+// contended reports that the room the owner may grant, with this node holding held, is
+// short of what the others are projected to need soon beyond what they hold, with a
+// margin of a quarter of the limit for nodes not heard from yet: then a node keeps only
+// what it needs soon (its count once silent), and gives the rest back.
+func (v shareView) contended(held int64) bool {
+	free := v.limit - held - v.othersHold()
+	short := int64(0)
+	for _, n := range v.peers {
+		if n.live && n.active() {
+			short += max(v.needSoon(n)-v.holds(n), 0)
+		}
+	}
+	return free < short+max((v.limit+freeShare-1)/freeShare, 1)
 }
 
 // othersHold is what the other nodes hold (holds), together.

@@ -624,3 +624,42 @@ func TestSimWithoutGrants(t *testing.T) {
 		c.run(t, true)
 	}
 }
+
+// TestSimFarBelowTheLimitAsksRarely: three nodes on a key far below its limit, busy
+// (every millisecond) or checking it seldom (every 300 ms, longer than a node takes to
+// fall silent), ask the owner for room once a window at most: a bound nobody else needs
+// is kept, not given back to be asked for again. Every check is allowed.
+func TestSimFarBelowTheLimitAsksRarely(t *testing.T) {
+	for _, c := range []struct {
+		name string
+		load func(s *simCluster) func(int64, int) int
+	}{
+		{"busy", func(s *simCluster) func(int64, int) int { return mix(s, 0.1, 1, 1, 1) }},
+		{"seldom", func(s *simCluster) func(int64, int) int {
+			return func(now int64, i int) int {
+				if (now-t0)%300 == int64(i)*100 {
+					return 1
+				}
+				return 0
+			}
+		}},
+	} {
+		for _, ph := range phaseSets() {
+			s := newSim(3, 100, []int64{ph[0], ph[1], ph[2]}, true, 30000)
+			load := c.load(s)
+			s.run(2*s.windowMS(), load)
+			before := s.asked
+			s.run(4*s.windowMS(), load)
+			asks := s.asked - before
+			t.Logf("%s, phases %v: %d asks in 4 windows", c.name, ph, asks)
+			if asks > 4*3 {
+				t.Errorf("%s, phases %v: %d asks in 4 windows of 3 nodes, want at most one per node and window", c.name, ph, asks)
+			}
+			for w, r := range s.refused {
+				if sum := r[0] + r[1] + r[2]; sum > 0 {
+					t.Errorf("%s: window %d: %d refused far below the limit", c.name, w, sum)
+				}
+			}
+		}
+	}
+}
