@@ -20,10 +20,16 @@ type replicator struct {
 	// merged, when set, is told of every value of another node merged here (the live
 	// view's busy keys).
 	merged func(value)
+	// sent holds, for each key counted in a current window, when this node last sent
+	// its value; waiting, the keys counted since whose value can wait (lazy.go).
+	sent    map[limiter.Key]sentAt
+	waiting map[limiter.Key]struct{}
+	sweptAt int64
 }
 
 func newReplicator(lim *limiter.Limiter, origin string, share bool) *replicator {
-	return &replicator{lim: lim, origin: origin, slots: newSlots(lim, origin), share: share}
+	return &replicator{lim: lim, origin: origin, slots: newSlots(lim, origin), share: share,
+		sent: map[limiter.Key]sentAt{}, waiting: map[limiter.Key]struct{}{}}
 }
 
 // flushResult is what one flush did.
@@ -45,23 +51,35 @@ func (r *replicator) flush(env shareEnv) flushResult {
 	touched := r.slots.tick(env.now)
 	var res flushResult
 	res.changed = len(keys)
+	// The counted keys whose value can wait (lazy.go) are sent later, at the latest
+	// lazyAfter after their last value; those whose wait is over are due now.
+	urgent := keys[:0:0]
+	for _, k := range keys {
+		if !r.canWait(k, env) {
+			urgent = append(urgent, k)
+		}
+	}
+	due := r.dueWaiting(env)
 	var bounds []limiter.Key // share mode's bounds to send, counted or not
 	if r.share {
-		changed := make(map[limiter.Key]struct{}, len(keys))
+		changed := make(map[limiter.Key]struct{}, len(urgent)+len(due))
 		for _, k := range keys {
 			touched[k] = struct{}{}
-			changed[k] = struct{}{}
+		}
+		for _, k := range slices.Concat(urgent, due) {
+			changed[k] = struct{}{} // sent by this flush
 		}
 		res.capped, bounds = r.slots.shareTick(touched, changed, env)
 		bounds = append(bounds, r.asks.due(env.now)...)
 		r.asks.sweep(env.now)
 	}
-	sent := make(map[limiter.Key]struct{}, len(keys)+len(r.resend)+len(bounds))
-	for i, k := range slices.Concat(bounds, keys, r.resend) {
-		if _, dup := sent[k]; dup {
+	done := make(map[limiter.Key]struct{}, len(keys)+len(r.resend)+len(bounds)+len(due))
+	var resend []limiter.Key
+	for i, k := range slices.Concat(bounds, urgent, r.resend, due) {
+		if _, dup := done[k]; dup {
 			continue
 		}
-		sent[k] = struct{}{}
+		done[k] = struct{}{}
 		s, ok := r.lim.Lookup(k)
 		if !ok || s.SizeMS <= 0 {
 			continue
@@ -82,8 +100,18 @@ func (r *replicator) flush(env shareEnv) flushResult {
 			bucket: r.lim.BucketName(k.Bucket), id: k.ID, sizeMS: s.SizeMS, endMS: s.EndMS, count: s.Own,
 			share: true, refused: s.Refused, cap: s.Cap, capped: s.Capped, limit: s.Limit,
 		})
+		r.noteSent(k, s, env.now)
+		if i < len(bounds)+len(urgent) {
+			// Sent once more at the next flush, so that one lost packet is healed at
+			// once; a value that could wait is healed by the next one.
+			resend = append(resend, k)
+		}
 	}
-	r.resend = append(keys, bounds...)
+	r.resend = resend
+	if env.now-r.sweptAt >= 1000 {
+		r.sweepSent(env.now)
+		r.sweptAt = env.now
+	}
 	return res
 }
 

@@ -259,6 +259,10 @@ func (v shareView) plan() sharePlan {
 		// busy is set aside only as headroom.
 		if c := v.self; c.claimed && c.active() && !v.sending {
 			switch {
+			case p.cur > c.claim && p.cur-c.claim < max(v.limit/releaseShare, 1) && v.needSoon(c) < c.claim:
+				// A small rise the node will not need before its next value (the
+				// headroom moving with the others' projections): not worth a message.
+				p.cur = c.claim
 			case p.cur > c.claim:
 				p.send = true
 			case c.claim-p.cur >= max(v.limit/releaseShare, 1):

@@ -51,9 +51,10 @@ type simCluster struct {
 	// a network much faster than the sync interval); off, share mode as nodes of the
 	// previous release run it.
 	grants bool
-	// asked, given: the grants asked for and those that gave room.
-	asked, given int
-	queue        []simMsg
+	// asked, given: the grants asked for and those that gave room; values: the values
+	// the nodes' flushes sent.
+	asked, given, values int
+	queue                []simMsg
 	// allowed[w][i] is what node i allowed in window w (index from the first run).
 	allowed map[int64][]int
 	refused map[int64][]int // by the share-mode bound: the rest of what was asked
@@ -202,6 +203,7 @@ func (s *simCluster) run(ms int64, load func(now int64, i int) int) {
 				n.next = now - (now-n.phase)%s.intervalMS + s.intervalMS + s.rng.Int64N(s.tickJitterMS+1)
 			}
 			res := n.rep.flush(s.envOf(i, now))
+			s.values += len(res.values)
 			if len(res.values) == 0 {
 				continue
 			}
@@ -661,5 +663,62 @@ func TestSimFarBelowTheLimitAsksRarely(t *testing.T) {
 				}
 			}
 		}
+	}
+}
+
+// TestSimLazyValuesFarFromTheLimit: with 10-second windows, three nodes busy on a key far
+// below its limit send its value about once a second each (its first value of each
+// window at once), not at every interval; near the limit they sync every interval, and
+// the windows hold the limit at every load as with short windows.
+func TestSimLazyValuesFarFromTheLimit(t *testing.T) {
+	long := func(s *simCluster) { s.limit.Window = 10 * time.Second }
+	for _, ph := range phaseSets() {
+		s := newSim(3, 100, []int64{ph[0], ph[1], ph[2]}, true, 100000)
+		long(s)
+		load := mix(s, 0.05, 1, 1, 1)
+		s.run(s.windowMS(), load)
+		before := s.values
+		s.run(3*s.windowMS(), load)
+		perNodeSecond := float64(s.values-before) / 3 / 30
+		t.Logf("phases %v: %.2f values a second per node", ph, perNodeSecond)
+		if perNodeSecond > 1.5 {
+			t.Errorf("phases %v: %.2f values a second per node far below the limit, want about 1", ph, perNodeSecond)
+		}
+		for w, r := range s.refused {
+			if sum := r[0] + r[1] + r[2]; sum > 0 {
+				t.Errorf("window %d: %d refused far below the limit", w, sum)
+			}
+		}
+	}
+	cases := []simCase{
+		{name: "steady 0.9×", least: 0.89, load: func(s *simCluster) func(int64, int) int { return mix(s, 0.9, 1, 1, 1) }},
+		{name: "steady 3×", least: 0.99, load: func(s *simCluster) func(int64, int) int { return mix(s, 3, 1, 1, 1) }},
+		{name: "[7 2 1] at 1.5×", least: 0.97, load: func(s *simCluster) func(int64, int) int { return mix(s, 1.5, 7, 2, 1) }},
+		{name: "burst 3× in 5 ms", least: 0.99, load: func(s *simCluster) func(int64, int) int { return burst(s, 3, 5, 0, 1, 2) }},
+	}
+	// Without share mode, a trickle for half of each window, then 3× the limit in the
+	// other half at once: the nodes sync every interval from the rise on (every member
+	// may count at a node's own rate), and the windows overshoot no more than when every
+	// value is sent at once (1.03 × L either way).
+	rise := simCase{name: "10 s windows, a trickle then 3×, share mode off", nodes: 3, intervalMS: 100, limit: 3000, windows: 3, from: 1, tweak: long,
+		load: func(s *simCluster) func(int64, int) int {
+			m := mix(s, 6, 1, 1, 1)
+			return func(now int64, i int) int {
+				if now%10000 < 5000 {
+					if now%500 == int64(i) {
+						return 1
+					}
+					return 0
+				}
+				return m(now, i)
+			}
+		}}
+	if worst, _ := rise.run(t, false); worst > 3000*105/100 {
+		t.Errorf("%s: %.3f × L in a window", rise.name, float64(worst)/3000)
+	}
+	for _, c := range cases {
+		c.name = "10 s windows, " + c.name
+		c.nodes, c.intervalMS, c.limit, c.windows, c.from, c.tweak = 3, 100, 3000, 3, 1, long
+		c.run(t, true)
 	}
 }

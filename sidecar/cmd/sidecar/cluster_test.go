@@ -572,6 +572,54 @@ func TestClusterCountsAddUpExactlyOnce(t *testing.T) {
 	t.Logf("converged %v after the last Record", took)
 }
 
+// TestClusterLazyValuesFarFromTheLimit: three nodes counting one key far below its
+// limit (40 hits each over 2 s, of 1000 an hour) send its value about once a second and
+// when their bounds move, not at every interval (5 to 9 values each, against 21 when every
+// value is sent at once), and every node still ends with every hit counted once.
+func TestClusterLazyValuesFarFromTheLimit(t *testing.T) {
+	t.Parallel()
+	nodes := startCluster(t, 3, hourLimits, clockOffset(time.Hour), nil)
+	const bucket, key = "password_reset_ip", "198.51.100.30"
+	const flushed = "converger_cluster_keys_per_flush_sum"
+	before := make([]float64, len(nodes))
+	for i, n := range nodes {
+		before[i] = n.metric(flushed)
+	}
+	var wg sync.WaitGroup
+	for _, n := range nodes {
+		wg.Go(func() {
+			for range 40 {
+				ctx, cancel := n.ctx()
+				_, err := n.limiter.Record(ctx, bucket, key, 1)
+				cancel()
+				if err != nil {
+					t.Errorf("%s: Record: %v", n.name, err)
+					return
+				}
+				time.Sleep(50 * time.Millisecond)
+			}
+		})
+	}
+	wg.Wait()
+	eventually(t, 3*time.Second, "every node counts 3 × 40", func() (bool, string) {
+		var s []string
+		ok := true
+		for _, n := range nodes {
+			d := n.debug(bucket, key)
+			s = append(s, fmt.Sprintf("%s: own %d remote %d", n.name, d.Own, d.Remote))
+			ok = ok && d.Own == 40 && d.Remote == 80
+		}
+		return ok, strings.Join(s, "; ")
+	})
+	for i, n := range nodes {
+		sent := n.metric(flushed) - before[i]
+		t.Logf("%s: %.0f values sent", n.name, sent)
+		if sent > 10 {
+			t.Errorf("%s: %.0f values sent for one key far below its limit in about 2 s, want at most 10 (21 when every value is sent at once)", n.name, sent)
+		}
+	}
+}
+
 func equalMaps(a, b map[string]uint32) bool {
 	if len(a) != len(b) {
 		return false

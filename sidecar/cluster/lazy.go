@@ -1,0 +1,101 @@
+package cluster
+
+import (
+	"github.com/converger/edge/sidecar/limiter"
+)
+
+// Lazy values. A counter far from its limit does not need its count at every node within
+// a sync interval: what the others decide from it would not change. So a node sends the
+// value of a counter it counted at the next flush only when it matters soon, and
+// otherwise at the latest lazyIntervals intervals after its last value (a tenth of the
+// window at most), and in the window's last interval. It matters soon, and is sent at once, when:
+//   - it is the node's first value of the counter in the window (the others learn of its
+//     demand: share mode's bounds and the next window's parts depend on it);
+//   - the node's bound refused hits;
+//   - before the next value and its delivery (lazyAfter and two intervals, within the
+//     window), the node's count would reach its bound at its rate (it will need more),
+//     or the cluster's count as the node knows it half the limit, growing at twice the
+//     faster of its rate so far and every member counting at this node's rate.
+//
+// Bounds that change are sent at once whatever the count (the flush's bounds). Most
+// counters of a busy cluster are far from their limits (a tenant's requests, the client
+// addresses behind it), so this divides their sync traffic by up to lazyIntervals; those
+// near their limits are synced every interval as before.
+const lazyIntervals = 10
+
+// sentAt is when a node last sent its value of a counter, in the window of sizeMS
+// ending at endMS, and its count then.
+type sentAt struct {
+	at, sizeMS, endMS int64
+	own               uint32
+}
+
+// lazyAfter is how long a value may wait, for a window of sizeMS.
+func lazyAfter(env shareEnv, sizeMS int64) int64 {
+	return min(lazyIntervals*env.intervalMS, sizeMS/10)
+}
+
+// canWait reports whether this node's value of k, counted since the last flush, can wait.
+func (r *replicator) canWait(k limiter.Key, env shareEnv) bool {
+	s, ok := r.lim.Lookup(k)
+	if !ok || s.SizeMS <= 0 || s.Limit == 0 || s.EndMS != windowEnd(env.now, s.SizeMS) {
+		return false
+	}
+	wait := lazyAfter(env, s.SizeMS)
+	last, ok := r.sent[k]
+	if wait <= env.intervalMS || !ok || last.endMS != s.EndMS || s.Refused > 0 {
+		return false
+	}
+	// The node's rate (per ms): the faster of its rate so far in the window and since
+	// its last value; the cluster's: the faster of the count it knows over the window so
+	// far and every member counting at the node's rate.
+	elapsed := float64(max(env.now-(s.EndMS-s.SizeMS), env.intervalMS))
+	own := max(float64(s.Own)/elapsed, float64(s.Own-min(last.own, s.Own))/float64(max(env.now-last.at, 1)))
+	total := float64(s.Own) + float64(s.Remote)
+	cluster := max(total/elapsed, own*float64(max(env.members, 1)))
+	// Until the next value and its delivery (lazyAfter and two intervals, within the
+	// window): the node's count at its rate must stay below its bound, and the count
+	// the node knows of the cluster, at twice the cluster's rate, below half the limit.
+	horizon := float64(min(wait+2*env.intervalMS, max(s.EndMS-env.now, 0)))
+	if 2*(total+2*cluster*horizon) >= float64(s.Limit) || (s.Capped && float64(s.Own)+own*horizon >= float64(s.Cap)) {
+		return false
+	}
+	r.waiting[k] = struct{}{}
+	return true
+}
+
+// dueWaiting returns the waiting keys whose wait is over at env.now, and forgets them
+// and the keys of ended windows.
+func (r *replicator) dueWaiting(env shareEnv) []limiter.Key {
+	var due []limiter.Key
+	for k := range r.waiting {
+		last, ok := r.sent[k]
+		if !ok || last.endMS <= env.now {
+			delete(r.waiting, k)
+			continue
+		}
+		// Due after its wait, and in the window's last interval in any case, so that the
+		// others know the node's demand of the whole window.
+		if env.now-last.at >= lazyAfter(env, last.sizeMS) || last.endMS-env.now <= env.intervalMS {
+			due = append(due, k)
+			delete(r.waiting, k)
+		}
+	}
+	return due
+}
+
+// noteSent notes the value of k sent at now.
+func (r *replicator) noteSent(k limiter.Key, s limiter.Snapshot, now int64) {
+	if s.Own > 0 || s.Refused > 0 {
+		r.sent[k] = sentAt{at: now, sizeMS: s.SizeMS, endMS: s.EndMS, own: s.Own}
+	}
+}
+
+// sweepSent forgets the keys of windows that ended by now.
+func (r *replicator) sweepSent(now int64) {
+	for k, v := range r.sent {
+		if v.endMS <= now {
+			delete(r.sent, k)
+		}
+	}
+}
