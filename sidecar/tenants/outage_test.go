@@ -181,6 +181,9 @@ func TestSlowDatabase(t *testing.T) {
 		return st == Found
 	})
 	e.clock.Advance(ttl)
+	// Counted from here: on a busy machine the warm-up's first lookup may already have
+	// given up waiting for its load (a fallback) before the load filled the cache.
+	fallbacks := e.rec.count("api_keys", ResultFallback)
 
 	// Another transaction holds an ACCESS EXCLUSIVE lock on tenants: every SELECT on it
 	// waits until the lock goes.
@@ -239,8 +242,8 @@ func TestSlowDatabase(t *testing.T) {
 	if n := e.blockedLoads(); n != 2 {
 		t.Errorf("%d queries wait on the lock, want 2 (one load per key)", n)
 	}
-	if n := e.rec.count("api_keys", ResultFallback); n != 102 {
-		t.Errorf("%d fallbacks counted, want 102", n)
+	if n := e.rec.count("api_keys", ResultFallback) - fallbacks; n != 102 {
+		t.Errorf("%d fallbacks counted while blocked, want 102", n)
 	}
 	if !e.d.Healthy() {
 		t.Error("a slow database made the directory unhealthy")
