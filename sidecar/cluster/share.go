@@ -492,23 +492,38 @@ func (v shareView) planGrants() sharePlan {
 	switch {
 	case !self.claimed:
 		// Not bound until now (the key's first window here, or the others' first word
-		// of it): bound at what it counted; more is asked of the owner.
+		// of it): bound at what it counted and, when the nodes are projected to need
+		// less than half the limit in the whole window, a member's part of what nobody
+		// holds (as share mode's headroom without grants: every node taking its part
+		// takes what is free at most), so that a node far below the limit need not ask;
+		// more is asked of the owner.
 		p.cur = self.count
+		if v.farBelow() {
+			p.cur += max(v.limit-self.count-v.othersHold(), 0) / int64(max(v.members, 1))
+		}
 		p.send = self.active() && !v.sending
 	case held > self.count:
 		cur := max(self.count, min(held, v.needSoon(self)))
+		contended := v.contended(held)
 		switch {
 		case held+v.othersHold() > v.limit:
 			// The bounds add up to more than the limit (set before the nodes knew of
 			// each other): each falls to its fair part, as the others' do.
 			cur = max(self.count, min(cur, v.fairPart()))
-		case !v.contended(held):
+		case !contended && v.farBelow():
+			// The nodes are projected to need less than half the limit: the node keeps
+			// its bound, its first one included (a member's part of what was free),
+			// though it may have no demand yet.
+			cur = held
+		case !contended:
 			// Nobody is short of room: the node keeps what it is projected to need
 			// until the window ends, rather than give it back and ask for it again a
 			// few intervals (or, for a key checked seldom, one check) later.
 			cur = max(cur, min(held, v.needRest(self)))
 		}
-		release := held-cur >= max(v.limit/releaseShare, 1) || v.silent(self)
+		// A fall is sent when it is large, or when the node fell silent and others may
+		// need the room.
+		release := held-cur >= max(v.limit/releaseShare, 1) || (contended && v.silent(self))
 		if cur < held && (v.sending || release) {
 			p.cur, p.send = cur, !v.sending
 		}
@@ -599,6 +614,18 @@ func (v shareView) contended(held int64) bool {
 		}
 	}
 	return free < short+max((v.limit+freeShare-1)/freeShare, 1)
+}
+
+// farBelow reports that the nodes with demand are projected to count less than half the
+// limit in the current window, at their rates so far (needRest).
+func (v shareView) farBelow() bool {
+	t := v.needRest(v.self)
+	for _, n := range v.peers {
+		if n.live && n.active() {
+			t += v.needRest(n)
+		}
+	}
+	return 2*t < v.limit
 }
 
 // othersHold is what the other nodes hold (holds), together.

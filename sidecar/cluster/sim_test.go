@@ -664,6 +664,24 @@ func TestSimFarBelowTheLimitAsksRarely(t *testing.T) {
 			}
 		}
 	}
+	// A key's first window, 10 s long, the nodes starting on it one after another from
+	// 300 ms in, a check every 500 ms each: a node bound when it hears of another's
+	// demand keeps a member's part of the free room, so that none has to ask for its
+	// first check. (A check in a window's first milliseconds projects a rate of nearly
+	// the whole limit, and a node bound then gets no part: it asks once.)
+	for _, ph := range phaseSets() {
+		s := newSim(3, 100, []int64{ph[0], ph[1], ph[2]}, true, 30000)
+		s.limit.Window = 10 * time.Second
+		s.run(s.windowMS(), func(now int64, i int) int {
+			if (now-t0)%500 == int64(i)*170+300 && now-t0 >= int64(i)*1000 {
+				return 1
+			}
+			return 0
+		})
+		if s.asked > 0 || s.refused[t0/s.windowMS()][1] > 0 {
+			t.Errorf("first window, phases %v: %d asks, %v refused", ph, s.asked, s.refused[t0/s.windowMS()])
+		}
+	}
 }
 
 // TestSimLazyValuesFarFromTheLimit: with 10-second windows, three nodes busy on a key far
