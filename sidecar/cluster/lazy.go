@@ -7,21 +7,25 @@ import (
 // Lazy values. A counter far from its limit does not need its count at every node within
 // a sync interval: what the others decide from it would not change. So a node sends the
 // value of a counter it counted at the next flush only when it matters soon, and
-// otherwise at the latest lazyIntervals intervals after its last value (a tenth of the
-// window at most), and in the window's last interval. It matters soon, and is sent at once, when:
+// otherwise after a wait, the longer the further the counter is from its limit: the
+// longest of lazyIntervals intervals (a tenth of the window at most) and its halves down
+// to two intervals that the projections below allow, and in the window's last interval
+// in any case. It matters soon, and is sent at once, when:
 //   - it is the node's first value of the counter in the window (the others learn of its
 //     demand: share mode's bounds and the next window's parts depend on it);
 //   - the node's bound refused hits;
-//   - before the next value and its delivery (lazyAfter and two intervals, within the
-//     window), the node's count would reach its bound at its rate (it will need more),
+//   - before the next value and its delivery (the shortest wait and two intervals,
+//     within the window), the node's count would reach its bound at its rate (it will need more),
 //     or the cluster's count as the node knows it half the limit, growing at twice the
 //     faster of its rate so far and every member counting at this node's rate.
 //
 // Bounds that change are sent at once whatever the count (the flush's bounds). Most
 // counters of a busy cluster are far from their limits (a tenant's requests, the client
 // addresses behind it), so this divides their sync traffic by up to lazyIntervals; those
-// near their limits are synced every interval as before.
-const lazyIntervals = 10
+// near their limits are synced every interval as before. What a node that crashes had
+// not sent yet is lost to the others' views of the window, at most the wait's worth of
+// counts of counters far from their limits.
+const lazyIntervals = 50
 
 // sentAt is when a node last sent its value of a counter, in the window of sizeMS
 // ending at endMS, and its count then.
@@ -30,7 +34,7 @@ type sentAt struct {
 	own               uint32
 }
 
-// lazyAfter is how long a value may wait, for a window of sizeMS.
+// lazyAfter is the longest a value may wait, for a window of sizeMS.
 func lazyAfter(env shareEnv, sizeMS int64) int64 {
 	return min(lazyIntervals*env.intervalMS, sizeMS/10)
 }
@@ -41,9 +45,8 @@ func (r *replicator) canWait(k limiter.Key, env shareEnv) bool {
 	if !ok || s.SizeMS <= 0 || s.Limit == 0 || s.EndMS != windowEnd(env.now, s.SizeMS) {
 		return false
 	}
-	wait := lazyAfter(env, s.SizeMS)
 	last, ok := r.sent[k]
-	if wait <= env.intervalMS || !ok || last.endMS != s.EndMS || s.Refused > 0 {
+	if !ok || last.endMS != s.EndMS || s.Refused > 0 {
 		return false
 	}
 	// The node's rate (per ms): the faster of its rate so far in the window and since
@@ -53,22 +56,31 @@ func (r *replicator) canWait(k limiter.Key, env shareEnv) bool {
 	own := max(float64(s.Own)/elapsed, float64(s.Own-min(last.own, s.Own))/float64(max(env.now-last.at, 1)))
 	total := float64(s.Own) + float64(s.Remote)
 	cluster := max(total/elapsed, own*float64(max(env.members, 1)))
-	// Until the next value and its delivery (lazyAfter and two intervals, within the
-	// window): the node's count at its rate must stay below its bound, and the count
-	// the node knows of the cluster, at twice the cluster's rate, below half the limit.
-	horizon := float64(min(wait+2*env.intervalMS, max(s.EndMS-env.now, 0)))
-	if 2*(total+2*cluster*horizon) >= float64(s.Limit) || (s.Capped && float64(s.Own)+own*horizon >= float64(s.Cap)) {
-		return false
+	// The longest wait, halving from lazyAfter down to two intervals, for which, until
+	// the next value and its delivery (the wait and two intervals, within the window),
+	// the node's count at its rate stays below its bound, and the count the node knows
+	// of the cluster, at twice the cluster's rate, below half the limit.
+	for wait := lazyAfter(env, s.SizeMS); wait >= 2*env.intervalMS; wait /= 2 {
+		horizon := float64(min(wait+2*env.intervalMS, max(s.EndMS-env.now, 0)))
+		if 2*(total+2*cluster*horizon) >= float64(s.Limit) || (s.Capped && float64(s.Own)+own*horizon >= float64(s.Cap)) {
+			continue
+		}
+		// Due now or later: dueWaiting sends it (once, without a resend).
+		due := last.at + wait
+		if at, ok := r.waiting[k]; ok {
+			due = min(due, at)
+		}
+		r.waiting[k] = due
+		return true
 	}
-	r.waiting[k] = struct{}{}
-	return true
+	return false
 }
 
 // dueWaiting returns the waiting keys whose wait is over at env.now, and forgets them
 // and the keys of ended windows.
 func (r *replicator) dueWaiting(env shareEnv) []limiter.Key {
 	var due []limiter.Key
-	for k := range r.waiting {
+	for k, at := range r.waiting {
 		last, ok := r.sent[k]
 		if !ok || last.endMS <= env.now {
 			delete(r.waiting, k)
@@ -76,7 +88,7 @@ func (r *replicator) dueWaiting(env shareEnv) []limiter.Key {
 		}
 		// Due after its wait, and in the window's last interval in any case, so that the
 		// others know the node's demand of the whole window.
-		if env.now-last.at >= lazyAfter(env, last.sizeMS) || last.endMS-env.now <= env.intervalMS {
+		if env.now >= at || last.endMS-env.now <= env.intervalMS {
 			due = append(due, k)
 			delete(r.waiting, k)
 		}
@@ -88,6 +100,7 @@ func (r *replicator) dueWaiting(env shareEnv) []limiter.Key {
 func (r *replicator) noteSent(k limiter.Key, s limiter.Snapshot, now int64) {
 	if s.Own > 0 || s.Refused > 0 {
 		r.sent[k] = sentAt{at: now, sizeMS: s.SizeMS, endMS: s.EndMS, own: s.Own}
+		delete(r.waiting, k)
 	}
 }
 

@@ -23,13 +23,13 @@ type replicator struct {
 	// sent holds, for each key counted in a current window, when this node last sent
 	// its value; waiting, the keys counted since whose value can wait (lazy.go).
 	sent    map[limiter.Key]sentAt
-	waiting map[limiter.Key]struct{}
+	waiting map[limiter.Key]int64 // when due
 	sweptAt int64
 }
 
 func newReplicator(lim *limiter.Limiter, origin string, share bool) *replicator {
 	return &replicator{lim: lim, origin: origin, slots: newSlots(lim, origin), share: share,
-		sent: map[limiter.Key]sentAt{}, waiting: map[limiter.Key]struct{}{}}
+		sent: map[limiter.Key]sentAt{}, waiting: map[limiter.Key]int64{}}
 }
 
 // flushResult is what one flush did.

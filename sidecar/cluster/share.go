@@ -493,7 +493,7 @@ func (v shareView) planGrants() sharePlan {
 	case !self.claimed:
 		// Not bound until now (the key's first window here, or the others' first word
 		// of it): bound at what it counted and, when the nodes are projected to need
-		// less than half the limit in the whole window, a member's part of what nobody
+		// a small part of the limit in the whole window (farBelow), a member's part of what nobody
 		// holds (as share mode's headroom without grants: every node taking its part
 		// takes what is free at most), so that a node far below the limit need not ask;
 		// more is asked of the owner.
@@ -511,7 +511,7 @@ func (v shareView) planGrants() sharePlan {
 			// each other): each falls to its fair part, as the others' do.
 			cur = max(self.count, min(cur, v.fairPart()))
 		case !contended && v.farBelow():
-			// The nodes are projected to need less than half the limit: the node keeps
+			// The nodes are projected to need a small part of the limit: the node keeps
 			// its bound, its first one included (a member's part of what was free),
 			// though it may have no demand yet.
 			cur = held
@@ -616,8 +616,11 @@ func (v shareView) contended(held int64) bool {
 	return free < short+max((v.limit+freeShare-1)/freeShare, 1)
 }
 
-// farBelow reports that the nodes with demand are projected to count less than half the
-// limit in the current window, at their rates so far (needRest).
+// farBelow reports that the nodes with demand are projected to count less than a
+// releaseShare-th of the limit in the current window, at their rates so far (needRest):
+// far enough that a part of the free room kept by a node that does not use it leaves
+// the owner plenty to grant. (At small limits no count is that far: a node's part there
+// could be what another node needs at once.)
 func (v shareView) farBelow() bool {
 	t := v.needRest(v.self)
 	for _, n := range v.peers {
@@ -625,7 +628,7 @@ func (v shareView) farBelow() bool {
 			t += v.needRest(n)
 		}
 	}
-	return 2*t < v.limit
+	return releaseShare*t < v.limit
 }
 
 // othersHold is what the other nodes hold (holds), together.
