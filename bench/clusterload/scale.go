@@ -199,6 +199,11 @@ rows:
 			return rep, err
 		}
 		logf("report: %s", path)
+		png := strings.TrimSuffix(path, filepath.Ext(path)) + ".png"
+		if err := rep.WritePlot(png); err != nil {
+			return rep, fmt.Errorf("the plot: %w", err)
+		}
+		logf("plot: %s", png)
 	}
 	return rep, failed
 }
@@ -288,7 +293,11 @@ func (r *ScaleReport) WriteMarkdown(w io.Writer) {
 		runinfo.Command("cluster-scale", c.Args), r.Started.UTC().Format(time.RFC3339), fmt.Sprintf("%s, %d CPUs", r.Machine.CPU, r.Machine.NProc), r.Load[0], r.Load[1])
 	fmt.Fprintf(w, "N sidecars on loopback, share mode on, %d ms sync; every node checks every key in turn at %.0f checks/s (limit %d a minute: never reached, so every refusal is below the limit); %v warm-up, %v measured per row; the baseline and the binary under test alternate per configuration. ",
 		c.SyncMS, c.RatePerNode, scaleLimit, c.Warmup, c.Duration)
-	fmt.Fprintf(w, "CPU is each sidecar's utime + stime (cores, mean per node). Traffic is per node per second from `converger_cluster_sync_bytes_total` and `converger_cluster_sync_messages_total`: for the new binary every packet and stream of the cluster at the transport (memberlist's probes, push/pulls and the live view included); for the baseline its sync messages only, before memberlist's framing (its state transfers are the `transfer` column).\n\n")
+	fmt.Fprintf(w, "CPU is each sidecar's utime + stime (cores, mean per node). Traffic is per node per second from `converger_cluster_sync_bytes_total` and `converger_cluster_sync_messages_total`: every packet and stream of the cluster at the transport (memberlist's probes, push/pulls and the live view included), for a baseline from `c433963` on as well (one before it counted its sync messages only, before memberlist's framing, and its state transfers are the `transfer` column).\n\n")
+	if c.Out != "" {
+		base := filepath.Base(c.Out)
+		fmt.Fprintf(w, "![Messages and kilobytes sent per node against N](%s.png)\n\n", strings.TrimSuffix(base, filepath.Ext(base)))
+	}
 	fmt.Fprintf(w, "| binary | N | keys | CPU/node | other CPU | served/node/s | refused | errors | sent KB/s | sent msg/s | recv KB/s | recv msg/s | transfer KB/s |\n")
 	fmt.Fprintf(w, "| --- | --: | --: | --: | --: | --: | --: | --: | --: | --: | --: | --: | --: |\n")
 	for _, x := range r.Rows {

@@ -1,6 +1,9 @@
 package clusterload
 
 import (
+	stdpng "image/png"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -49,7 +52,20 @@ func TestScaleReport(t *testing.T) {
 	var b strings.Builder
 	r.WriteMarkdown(&b)
 	out := b.String()
+	png := filepath.Join(t.TempDir(), "scale.png")
+	if err := r.WritePlot(png); err != nil {
+		t.Fatal(err)
+	}
+	f, err := os.Open(png)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if img, err := stdpng.Decode(f); err != nil || img.Bounds().Dx() < 1000 {
+		t.Fatalf("the plot: %v, %v", err, img)
+	}
 	for _, want := range []string{
+		"![Messages and kilobytes sent per node against N](cluster-scale.png)",
 		"| base | 20 | 20 | 0.060 |",
 		"| base | 20 | 9.50, 9.50; 9.50, 9.50 | +0.019 |", // 19 against 2
 		"| new | 20 | 1.00, 1.00; 1.00, 1.00 | +0.019 |",
