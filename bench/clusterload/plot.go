@@ -354,15 +354,17 @@ func (r *Report) WritePlot(path string) error {
 		}
 		panels = append([]*plot.Plot{loads}, panels...)
 	}
-	w, h := vg.Length(len(panels))*7.5*vg.Inch, 6*vg.Inch
-	img := vgimg.NewWith(vgimg.UseWH(w, h), vgimg.UseDPI(100))
-	dc := draw.New(img)
+	return writePanels(path, panels, 7.5*vg.Inch, 6*vg.Inch)
+}
+
+// writePanels draws the panels side by side, each w wide and h high, into a PNG at path.
+func writePanels(path string, panels []*plot.Plot, w, h vg.Length) error {
+	img := vgimg.NewWith(vgimg.UseWH(vg.Length(len(panels))*w, h), vgimg.UseDPI(100))
 	tiles := draw.Tiles{Rows: 1, Cols: len(panels), PadX: vg.Points(20), PadY: vg.Points(10), PadTop: vg.Points(6), PadBottom: vg.Points(6), PadLeft: vg.Points(6), PadRight: vg.Points(12)}
-	canvases := plot.Align([][]*plot.Plot{panels}, tiles, dc)
+	canvases := plot.Align([][]*plot.Plot{panels}, tiles, draw.New(img))
 	for i, p := range panels {
 		p.Draw(canvases[0][i])
 	}
-
 	f, err := os.Create(path)
 	if err != nil {
 		return err

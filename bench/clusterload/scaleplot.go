@@ -3,7 +3,6 @@ package clusterload
 import (
 	"fmt"
 	"math"
-	"os"
 	"slices"
 	"strconv"
 	"strings"
@@ -12,7 +11,6 @@ import (
 	"gonum.org/v1/plot/plotter"
 	"gonum.org/v1/plot/vg"
 	"gonum.org/v1/plot/vg/draw"
-	"gonum.org/v1/plot/vg/vgimg"
 )
 
 // WritePlot draws what a node sends by cluster size: messages and kilobytes a second
@@ -89,21 +87,5 @@ func (r *ScaleReport) WritePlot(path string) error {
 	if err != nil {
 		return err
 	}
-	panels := []*plot.Plot{left, right}
-	w, h := vg.Length(len(panels))*7*vg.Inch, 5*vg.Inch
-	img := vgimg.NewWith(vgimg.UseWH(w, h), vgimg.UseDPI(100))
-	tiles := draw.Tiles{Rows: 1, Cols: len(panels), PadX: vg.Points(20), PadY: vg.Points(10), PadTop: vg.Points(6), PadBottom: vg.Points(6), PadLeft: vg.Points(6), PadRight: vg.Points(12)}
-	canvases := plot.Align([][]*plot.Plot{panels}, tiles, draw.New(img))
-	for i, p := range panels {
-		p.Draw(canvases[0][i])
-	}
-	f, err := os.Create(path)
-	if err != nil {
-		return err
-	}
-	if _, err := (vgimg.PngCanvas{Canvas: img}).WriteTo(f); err != nil {
-		f.Close()
-		return err
-	}
-	return f.Close()
+	return writePanels(path, []*plot.Plot{left, right}, 7*vg.Inch, 5*vg.Inch)
 }

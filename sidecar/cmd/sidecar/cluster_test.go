@@ -525,22 +525,7 @@ func TestClusterCountsAddUpExactlyOnce(t *testing.T) {
 	nodes := startCluster(t, 3, hourLimits, clockOffset(time.Hour), nil)
 	const bucket, key = "password_reset_ip", "198.51.100.20"
 	hits := []uint32{3, 4, 2}
-	var wg sync.WaitGroup
-	for i, n := range nodes {
-		wg.Go(func() {
-			for range hits[i] {
-				ctx, cancel := n.ctx()
-				_, err := n.limiter.Record(ctx, bucket, key, 1)
-				cancel()
-				if err != nil {
-					t.Errorf("%s: Record: %v", n.name, err)
-					return
-				}
-				time.Sleep(30 * time.Millisecond) // spread over flushes
-			}
-		})
-	}
-	wg.Wait()
+	recordSpread(t, nodes, bucket, key, hits, 30*time.Millisecond) // spread over flushes
 	state := func() (bool, string) {
 		var s []string
 		ok := true
@@ -585,22 +570,7 @@ func TestClusterLazyValuesFarFromTheLimit(t *testing.T) {
 	for i, n := range nodes {
 		before[i] = n.metric(flushed)
 	}
-	var wg sync.WaitGroup
-	for _, n := range nodes {
-		wg.Go(func() {
-			for range 40 {
-				ctx, cancel := n.ctx()
-				_, err := n.limiter.Record(ctx, bucket, key, 1)
-				cancel()
-				if err != nil {
-					t.Errorf("%s: Record: %v", n.name, err)
-					return
-				}
-				time.Sleep(50 * time.Millisecond)
-			}
-		})
-	}
-	wg.Wait()
+	recordSpread(t, nodes, bucket, key, []uint32{40, 40, 40}, 50*time.Millisecond)
 	// A value far from its limit waits at most 5 s (50 intervals).
 	eventually(t, 8*time.Second, "every node counts 3 × 40", func() (bool, string) {
 		var s []string
@@ -619,6 +589,28 @@ func TestClusterLazyValuesFarFromTheLimit(t *testing.T) {
 			t.Errorf("%s: %.0f values sent for one key far below its limit in about 2 s, want at most 10 (21 when every value is sent at once)", n.name, sent)
 		}
 	}
+}
+
+// recordSpread records hits[i] hits of key on node i, one at a time pause apart, the
+// nodes at once.
+func recordSpread(t *testing.T, nodes []*node, bucket, key string, hits []uint32, pause time.Duration) {
+	t.Helper()
+	var wg sync.WaitGroup
+	for i, n := range nodes {
+		wg.Go(func() {
+			for range hits[i] {
+				ctx, cancel := n.ctx()
+				_, err := n.limiter.Record(ctx, bucket, key, 1)
+				cancel()
+				if err != nil {
+					t.Errorf("%s: Record: %v", n.name, err)
+					return
+				}
+				time.Sleep(pause)
+			}
+		})
+	}
+	wg.Wait()
 }
 
 func equalMaps(a, b map[string]uint32) bool {
