@@ -8,11 +8,12 @@ import (
 // a sync interval: what the others decide from it would not change. So a node sends the
 // value of a counter it counted at the next flush only when it matters soon, and
 // otherwise after a wait, the longer the further the counter is from its limit: the
-// longest of lazyIntervals intervals (a tenth of the window at most) and its halves down
-// to two intervals that the projections below allow, and in the window's last interval
-// in any case. It matters soon, and is sent at once, when:
+// longest of lazyAfter (lazyIntervals intervals at 3 members, longer in a larger
+// cluster) and its halves down to two intervals that the projections below allow, and
+// in the window's last interval in any case. It matters soon, and is sent at once, when:
 //   - it is the node's first value of the counter in the window (the others learn of its
-//     demand: share mode's bounds and the next window's parts depend on it);
+//     demand: share mode's bounds and the next window's parts depend on it); if it could
+//     have waited, it is not resent (firstFar);
 //   - the node's bound refused hits;
 //   - before the next value and its delivery (the shortest wait and two intervals,
 //     within the window), the node's count would reach its bound at its rate (it will need more),
@@ -34,21 +35,74 @@ type sentAt struct {
 	own               uint32
 }
 
-// lazyAfter is the longest a value may wait, for a window of sizeMS.
+// lazyAfter is the longest a value may wait, for a window of sizeMS: lazyIntervals
+// intervals, a tenth of the window at most, in a cluster of 3; in a larger one, as many
+// times longer as it has peers beyond a 3-node cluster's two (members−1 over 2), half the
+// window at most. Every packet of values goes to every peer, so that the packets a node
+// sends each second of counters far from their limits do not grow with the cluster: the
+// others' views of those counters are as much older, which the projections of canWait
+// allow for (their horizon is the wait).
 func lazyAfter(env shareEnv, sizeMS int64) int64 {
-	return min(lazyIntervals*env.intervalMS, sizeMS/10)
+	wait := min(lazyIntervals*env.intervalMS, sizeMS/10)
+	if peers := int64(env.members - 1); peers > 2 {
+		wait = min(wait*peers/2, sizeMS/2)
+	}
+	return wait
 }
 
 // canWait reports whether this node's value of k, counted since the last flush, can wait.
 func (r *replicator) canWait(k limiter.Key, env shareEnv) bool {
-	s, ok := r.lim.Lookup(k)
-	if !ok || s.SizeMS <= 0 || s.Limit == 0 || s.EndMS != windowEnd(env.now, s.SizeMS) {
+	s, ok := r.current(k, env)
+	if !ok {
 		return false
 	}
 	last, ok := r.sent[k]
-	if !ok || last.endMS != s.EndMS || s.Refused > 0 {
+	if !ok || last.endMS != s.EndMS {
 		return false
 	}
+	wait := longestWait(s, last, env)
+	if wait == 0 {
+		return false
+	}
+	// Due now or later: dueWaiting sends it (once, without a resend).
+	due := last.at + wait
+	if at, ok := r.waiting[k]; ok {
+		due = min(due, at)
+	}
+	r.waiting[k] = due
+	return true
+}
+
+// firstFar reports whether this node's first value of k in the window, which is sent at
+// once, could have waited as a later one would: it is not sent a second time, as a
+// value that waited is not (the next one heals its loss).
+func (r *replicator) firstFar(k limiter.Key, env shareEnv) bool {
+	s, ok := r.current(k, env)
+	if !ok {
+		return false
+	}
+	if last, ok := r.sent[k]; ok && last.endMS == s.EndMS {
+		return false // not the first
+	}
+	return longestWait(s, sentAt{at: s.EndMS - s.SizeMS, sizeMS: s.SizeMS, endMS: s.EndMS}, env) > 0
+}
+
+// current is k's snapshot when this node counted it in the current window, has a limit
+// and refused nothing.
+func (r *replicator) current(k limiter.Key, env shareEnv) (limiter.Snapshot, bool) {
+	s, ok := r.lim.Lookup(k)
+	if !ok || s.SizeMS <= 0 || s.Limit == 0 || s.EndMS != windowEnd(env.now, s.SizeMS) || s.Refused > 0 {
+		return s, false
+	}
+	return s, true
+}
+
+// longestWait is the longest wait, halving from lazyAfter down to two intervals, for
+// which, until the next value and its delivery (the wait and two intervals, within the
+// window), the node's count at its rate stays below its bound, and the count the node
+// knows of the cluster, at twice the cluster's rate, below half the limit; 0 for none.
+// last is the node's last value in the window.
+func longestWait(s limiter.Snapshot, last sentAt, env shareEnv) int64 {
 	// The node's rate (per ms): the faster of its rate so far in the window and since
 	// its last value; the cluster's: the faster of the count it knows over the window so
 	// far and every member counting at the node's rate.
@@ -56,24 +110,14 @@ func (r *replicator) canWait(k limiter.Key, env shareEnv) bool {
 	own := max(float64(s.Own)/elapsed, float64(s.Own-min(last.own, s.Own))/float64(max(env.now-last.at, 1)))
 	total := float64(s.Own) + float64(s.Remote)
 	cluster := max(total/elapsed, own*float64(max(env.members, 1)))
-	// The longest wait, halving from lazyAfter down to two intervals, for which, until
-	// the next value and its delivery (the wait and two intervals, within the window),
-	// the node's count at its rate stays below its bound, and the count the node knows
-	// of the cluster, at twice the cluster's rate, below half the limit.
 	for wait := lazyAfter(env, s.SizeMS); wait >= 2*env.intervalMS; wait /= 2 {
 		horizon := float64(min(wait+2*env.intervalMS, max(s.EndMS-env.now, 0)))
 		if 2*(total+2*cluster*horizon) >= float64(s.Limit) || (s.Capped && float64(s.Own)+own*horizon >= float64(s.Cap)) {
 			continue
 		}
-		// Due now or later: dueWaiting sends it (once, without a resend).
-		due := last.at + wait
-		if at, ok := r.waiting[k]; ok {
-			due = min(due, at)
-		}
-		r.waiting[k] = due
-		return true
+		return wait
 	}
-	return false
+	return 0
 }
 
 // dueWaiting returns the waiting keys whose wait is over at env.now, and forgets them

@@ -100,8 +100,9 @@ func (r *replicator) flush(env shareEnv) flushResult {
 			bucket: r.lim.BucketName(k.Bucket), id: k.ID, sizeMS: s.SizeMS, endMS: s.EndMS, count: s.Own,
 			share: true, refused: s.Refused, cap: s.Cap, capped: s.Capped, limit: s.Limit,
 		})
+		first := i >= len(bounds) && i < len(bounds)+len(urgent) && r.firstFar(k, env)
 		r.noteSent(k, s, env.now)
-		if i < len(bounds)+len(urgent) {
+		if i < len(bounds)+len(urgent) && !first {
 			// Sent once more at the next flush, so that one lost packet is healed at
 			// once; a value that could wait is healed by the next one.
 			resend = append(resend, k)

@@ -52,9 +52,9 @@ type simCluster struct {
 	// previous release run it.
 	grants bool
 	// asked, given: the grants asked for and those that gave room; values: the values
-	// the nodes' flushes sent.
-	asked, given, values int
-	queue                []simMsg
+	// the nodes' flushes sent; packets: the messages, one per peer.
+	asked, given, values, packets int
+	queue                         []simMsg
 	// allowed[w][i] is what node i allowed in window w (index from the first run).
 	allowed map[int64][]int
 	refused map[int64][]int // by the share-mode bound: the rest of what was asked
@@ -219,6 +219,7 @@ func (s *simCluster) run(ms int64, load func(now int64, i int) int) {
 					if j == i {
 						continue
 					}
+					s.packets++
 					at := now + s.delayMS
 					if s.rng != nil {
 						if s.rng.Float64() < s.loss {
@@ -707,6 +708,38 @@ func TestSimLazyValuesFarFromTheLimit(t *testing.T) {
 				t.Errorf("window %d: %d refused far below the limit", w, sum)
 			}
 		}
+	}
+	// Every packet goes to every peer: at 20 nodes the waits are longer in proportion
+	// (half the window at most), so that each node's packets of a counter far from its
+	// limit grow far less than N (the bench's load: one key checked by every node 10 times
+	// a second, a limit of a million a minute). With the waits of 3 nodes they would grow
+	// as the peers, 9.5 times; what is left is each window's first value and the value of
+	// the last interval, which do not wait.
+	perNode := map[int]float64{}
+	for _, n := range []int{3, 20} {
+		s := newSim(n, 100, []int64{0, 33, 67}, true, 1_000_000)
+		s.limit.Window = time.Minute
+		load := func(now int64, i int) int {
+			if (now+int64(i)*7)%100 == 0 {
+				return 1
+			}
+			return 0
+		}
+		s.run(s.windowMS()/2, load)
+		before := s.packets
+		s.run(2*s.windowMS(), load)
+		perNode[n] = float64(s.packets-before) / float64(n) / 120
+		for w, r := range s.refused {
+			for i, x := range r {
+				if x > 0 {
+					t.Errorf("%d nodes, window %d: node %d refused %d far below the limit", n, w, i, x)
+				}
+			}
+		}
+	}
+	t.Logf("packets a second per node far below the limit: %.2f at 3 nodes, %.2f at 20", perNode[3], perNode[20])
+	if perNode[20] > 3*perNode[3] || perNode[3] == 0 {
+		t.Errorf("packets a second per node: %.2f at 20 nodes, %.2f at 3: want at most 3 times", perNode[20], perNode[3])
 	}
 	cases := []simCase{
 		{name: "steady 0.9×", least: 0.89, load: func(s *simCluster) func(int64, int) int { return mix(s, 0.9, 1, 1, 1) }},
