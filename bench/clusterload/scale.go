@@ -120,6 +120,12 @@ type ScaleRow struct {
 	// Transfer is the state transfers' bytes per node per second (the baseline's sync
 	// bytes leave them out; the new one's include them).
 	Transfer float64
+	// ValuesOut and ViewOut are the counter values' and the live view's messages sent per
+	// node per second (converger_cluster_sent_by_kind_messages_total); -1 when the
+	// binary does not report them.
+	ValuesOut, ViewOut float64
+	// ValuesBytesOut is the counter values' payload bytes sent per node per second.
+	ValuesBytesOut float64
 }
 
 // ScaleReport is a run's result.
@@ -281,6 +287,10 @@ func scaleOnce(ctx context.Context, bin, limits string, n, keys, keyBase int, cf
 	row.BytesOut, row.BytesIn = per(mBytesSent), per(mBytesRecv)
 	row.MsgsOut, row.MsgsIn = per(mMsgsSent), per(mMsgsRecv)
 	row.Transfer = per(`converger_cluster_state_transfer_bytes_total{direction="sent"}`)
+	row.ValuesOut, row.ViewOut, row.ValuesBytesOut = -1, -1, -1
+	if _, ok := s1[0].Metrics[mKindValues]; ok {
+		row.ValuesOut, row.ViewOut, row.ValuesBytesOut = per(mKindValues), per(mKindView), per(mKindValuesBytes)
+	}
 	return row, nil
 }
 
@@ -293,16 +303,29 @@ func (r *ScaleReport) WriteMarkdown(w io.Writer) {
 		runinfo.Command("cluster-scale", c.Args), r.Started.UTC().Format(time.RFC3339), fmt.Sprintf("%s, %d CPUs", r.Machine.CPU, r.Machine.NProc), r.Load[0], r.Load[1])
 	fmt.Fprintf(w, "N sidecars on loopback, share mode on, %d ms sync; every node checks every key in turn at %.0f checks/s (limit %d a minute: never reached, so every refusal is below the limit); %v warm-up, %v measured per row; the baseline and the binary under test alternate per configuration. ",
 		c.SyncMS, c.RatePerNode, scaleLimit, c.Warmup, c.Duration)
-	fmt.Fprintf(w, "CPU is each sidecar's utime + stime (cores, mean per node). Traffic is per node per second from `converger_cluster_sync_bytes_total` and `converger_cluster_sync_messages_total`: every packet and stream of the cluster at the transport (memberlist's probes, push/pulls and the live view included), for a baseline from `c433963` on as well (one before it counted its sync messages only, before memberlist's framing, and its state transfers are the `transfer` column).\n\n")
+	fmt.Fprintf(w, "CPU is each sidecar's utime + stime (cores, mean per node). Traffic is per node per second from `converger_cluster_sync_bytes_total` and `converger_cluster_sync_messages_total`: every packet and stream of the cluster at the transport (memberlist's probes, push/pulls and the live view included), for a baseline from `c433963` on as well (one before it counted its sync messages only, before memberlist's framing, and its state transfers are the `transfer` column). Of the messages sent, `values` are counter values (their payload bytes before memberlist's framing and encryption in `values KB/s`) and `view` the live view's queries and minute counts (`converger_cluster_sent_by_kind_messages_total` and `…_bytes_total`; – for a binary without them); the rest are memberlist's probes and gossip and the owner's grants.\n\n")
 	if c.Out != "" {
 		base := filepath.Base(c.Out)
 		fmt.Fprintf(w, "![Messages and kilobytes sent per node against N](%s.png)\n\n", strings.TrimSuffix(base, filepath.Ext(base)))
 	}
-	fmt.Fprintf(w, "| binary | N | keys | CPU/node | other CPU | served/node/s | refused | errors | sent KB/s | sent msg/s | recv KB/s | recv msg/s | transfer KB/s |\n")
-	fmt.Fprintf(w, "| --- | --: | --: | --: | --: | --: | --: | --: | --: | --: | --: | --: | --: |\n")
+	fmt.Fprintf(w, "| binary | N | keys | CPU/node | other CPU | served/node/s | refused | errors | sent KB/s | sent msg/s | recv KB/s | recv msg/s | transfer KB/s | values msg/s | values KB/s | view msg/s |\n")
+	fmt.Fprintf(w, "| --- | --: | --: | --: | --: | --: | --: | --: | --: | --: | --: | --: | --: | --: | --: | --: |\n")
+	orDash := func(v float64) string {
+		if v < 0 {
+			return "–"
+		}
+		return fmt.Sprintf("%.1f", v)
+	}
+	kb := func(v float64) string {
+		if v < 0 {
+			return "–"
+		}
+		return fmt.Sprintf("%.2f", v/1000)
+	}
 	for _, x := range r.Rows {
-		fmt.Fprintf(w, "| %s | %d | %d | %.3f | %.2f | %.0f | %d | %d | %.1f | %.0f | %.1f | %.0f | %.2f |\n",
-			x.Binary, x.Nodes, x.Keys, x.CPU, x.Other, x.Served, x.Refused, x.Errors, x.BytesOut/1000, x.MsgsOut, x.BytesIn/1000, x.MsgsIn, x.Transfer/1000)
+		fmt.Fprintf(w, "| %s | %d | %d | %.3f | %.2f | %.0f | %d | %d | %.1f | %.0f | %.1f | %.0f | %.2f | %s | %s | %s |\n",
+			x.Binary, x.Nodes, x.Keys, x.CPU, x.Other, x.Served, x.Refused, x.Errors, x.BytesOut/1000, x.MsgsOut, x.BytesIn/1000, x.MsgsIn, x.Transfer/1000,
+			orDash(x.ValuesOut), kb(x.ValuesBytesOut), orDash(x.ViewOut))
 	}
 	if r.Failed != nil {
 		fmt.Fprintf(w, "\nThe run stopped early: %s.\n", strings.ReplaceAll(r.Failed.Error(), "\n", "; "))

@@ -193,12 +193,17 @@ const (
 	mLagSum      = `converger_cluster_merge_lag_seconds_sum`
 	mLagCount    = `converger_cluster_merge_lag_seconds_count`
 	mClusterSize = `converger_cluster_members`
+	mKindValues  = `converger_cluster_sent_by_kind_messages_total{kind="values"}`
+	mKindView    = `converger_cluster_sent_by_kind_messages_total{kind="view"}`
+	// mKindValuesBytes is the values' payload bytes.
+	mKindValuesBytes = `converger_cluster_sent_by_kind_bytes_total{kind="values"}`
 )
 
 // metricPrefixes select the samples scraped from each node.
 var metricPrefixes = []string{
 	"converger_cluster_sync_messages_total{", "converger_cluster_sync_bytes_total{",
 	mKeysSum, mKeysCount, mCaps, mSendErrors, mStale, mLagSum, mLagCount, mClusterSize,
+	"converger_cluster_sent_by_kind_messages_total{", mKindValuesBytes,
 }
 
 // Scrape is one node's metrics at one instant.

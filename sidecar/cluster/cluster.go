@@ -60,8 +60,9 @@ type Config struct {
 	// (30 s when zero).
 	PushPullInterval time.Duration
 	// Traffic, when set, gets the minute counts the other nodes report and the keys
-	// they count, and this node's minute counts are sent to them every TrafficInterval
-	// (DefaultTrafficInterval when zero): the console's merged view (traffic.go).
+	// they count: the console's merged view (traffic.go). RefreshView asks the others
+	// for their minute counts at most once per TrafficInterval (DefaultTrafficInterval
+	// when zero); members of earlier releases are sent them every TrafficInterval.
 	Traffic         *traffic.Recorder
 	TrafficInterval time.Duration
 	// Now is the wall clock (time.Now when nil).
@@ -109,6 +110,9 @@ type Cluster struct {
 
 	ownersMu sync.Mutex
 	owners   owners // the keys' owners (grant.go), made again on membership events
+
+	viewMu    sync.Mutex
+	viewRound *viewRound // the live view's last round of queries (traffic.go)
 
 	// inbox holds the sync and live-view messages received, merged in order by
 	// inboxLoop, so that memberlist's handler, which hands over the grants' requests
@@ -464,12 +468,20 @@ func (c *Cluster) flush(now int64) {
 			}
 		}
 		for _, msg := range msgs[ver] {
-			if err := c.ml.SendBestEffort(&n, msg); err != nil {
-				c.m.sendErrors.Inc()
-				continue
-			}
+			c.send(&n, kindValues, msg)
 		}
 	}
+}
+
+// send hands msg to memberlist for n (best effort: one UDP packet) and counts it by kind.
+func (c *Cluster) send(n *memberlist.Node, kind string, msg []byte) bool {
+	if err := c.ml.SendBestEffort(n, msg); err != nil {
+		c.m.sendErrors.Inc()
+		return false
+	}
+	c.m.kindMsgs.WithLabelValues(kind).Inc()
+	c.m.kindBytes.WithLabelValues(kind).Add(float64(len(msg)))
+	return true
 }
 
 // shareEnv is share mode's view of the membership at time now.
@@ -555,8 +567,7 @@ func (c *Cluster) askRoom(k limiter.Key, n uint32, sizeMS, endMS int64) bool {
 	}
 	if first {
 		q := c.rep.request(k, a, n, now, waitMS)
-		if err := c.ml.SendBestEffort(&node, encodeAsk(q)); err != nil {
-			c.m.sendErrors.Inc()
+		if !c.send(&node, kindAsk, encodeAsk(q)) {
 			c.rep.asks.end(k, a, 0)
 			return false
 		}
@@ -606,9 +617,7 @@ func (c *Cluster) receiveAsk(b []byte) {
 		return
 	}
 	c.noteGrant("other", ans.grant)
-	if err := c.ml.SendBestEffort(&node, encodeAnswer(ans)); err != nil {
-		c.m.sendErrors.Inc()
-	}
+	c.send(&node, kindAnswer, encodeAnswer(ans))
 }
 
 // receiveAnswer applies an owner's answer to this node's request.
@@ -702,10 +711,11 @@ type delegate Cluster
 // NodeMeta announces the newest sync message version this node reads, and whether it
 // asks and answers grants.
 func (d *delegate) NodeMeta(int) []byte {
+	features := featureViewQuery
 	if d.c().grantsOn() {
-		return []byte{version, featureGrants}
+		features |= featureGrants
 	}
-	return []byte{version}
+	return []byte{version, features}
 }
 func (d *delegate) GetBroadcasts(int, int) [][]byte { return nil }
 func (d *delegate) c() *Cluster                     { return (*Cluster)(d) }
@@ -752,6 +762,10 @@ func (c *Cluster) inboxLoop() {
 func (c *Cluster) receiveMsg(b []byte) {
 	if len(b) > 0 && b[0] == trafficKind {
 		c.receiveTraffic(b)
+		return
+	}
+	if len(b) > 0 && b[0] == viewQueryKind {
+		c.receiveViewQuery(b)
 		return
 	}
 	m, err := decode(b)

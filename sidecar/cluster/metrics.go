@@ -21,6 +21,9 @@ type metrics struct {
 	// The owner's grants (grant.go): requests by role and result, and the hits given.
 	grants      *prometheus.CounterVec // role, result
 	grantedHits *prometheus.CounterVec // to
+	// What this node's own protocol hands to memberlist (send): messages and payload
+	// bytes by kind; the rest of the sent traffic is memberlist's probes and gossip.
+	kindMsgs, kindBytes *prometheus.CounterVec // kind
 	// The directions of messages and bytes, resolved once: every packet counts them.
 	msgSent, msgRecv, bytesSent, bytesRecv prometheus.Counter
 }
@@ -61,6 +64,14 @@ func newMetrics(reg prometheus.Registerer, newestAge func() float64) *metrics {
 			Name: "converger_cluster_share_granted_hits_total",
 			Help: "Hits this node, as the owner of keys, granted from the part of their limits nobody held, to another node (to=other) or to itself (to=self)."},
 			[]string{"to"}),
+		kindMsgs: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "converger_cluster_sent_by_kind_messages_total",
+			Help: "Messages of this node's own protocol handed to the transport, by kind: values (counter values), view (the live view's minute counts), ask and answer (the owner's grants). What converger_cluster_sync_messages_total{direction=\"sent\"} has beyond their sum is memberlist's (probes, gossip, push/pull) and the state transfers."},
+			[]string{"kind"}),
+		kindBytes: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "converger_cluster_sent_by_kind_bytes_total",
+			Help: "Payload bytes of this node's own protocol handed to the transport, by kind (as converger_cluster_sent_by_kind_messages_total), before memberlist's framing and encryption."},
+			[]string{"kind"}),
 	}
 	m.msgSent, m.msgRecv = m.messages.WithLabelValues("sent"), m.messages.WithLabelValues("received")
 	m.bytesSent, m.bytesRecv = m.bytes.WithLabelValues("sent"), m.bytes.WithLabelValues("received")
@@ -75,10 +86,24 @@ func newMetrics(reg prometheus.Registerer, newestAge func() float64) *metrics {
 	}
 	m.grantedHits.WithLabelValues("other")
 	m.grantedHits.WithLabelValues("self")
+	for _, k := range sendKinds {
+		m.kindMsgs.WithLabelValues(k)
+		m.kindBytes.WithLabelValues(k)
+	}
 	reg.MustRegister(m.members, m.messages, m.bytes, m.sendErrors, m.malformed, m.keysPerFlush, m.mergeLag,
-		m.stale, m.transfers, m.transferBytes, m.transferCut, m.capped, m.grants, m.grantedHits,
+		m.stale, m.transfers, m.transferBytes, m.transferCut, m.capped, m.grants, m.grantedHits, m.kindMsgs, m.kindBytes,
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "converger_cluster_newest_remote_value_age_seconds",
 			Help: "Age of the newest value received from another node (merge lag); -1 before the first."}, newestAge))
 	return m
 }
+
+// The kinds of message this node's own protocol sends.
+const (
+	kindValues = "values"
+	kindView   = "view"
+	kindAsk    = "ask"
+	kindAnswer = "answer"
+)
+
+var sendKinds = []string{kindValues, kindView, kindAsk, kindAnswer}

@@ -1,19 +1,27 @@
 package cluster
 
 import (
+	"context"
 	"encoding/binary"
 	"slices"
 	"strings"
 	"time"
+
+	"github.com/hashicorp/memberlist"
 
 	"github.com/converger/edge/sidecar/limiter"
 	"github.com/converger/edge/sidecar/traffic"
 )
 
 // The console's live view of a cluster is one node's merged view (docs/core.md, "The
-// console"): every node sends its own per-minute decision counts (sidecar/traffic) to
-// the others every TrafficInterval, and offers the keys whose counts the others report
-// to its table of busy keys, so that any node answers for the whole cluster.
+// console"): the node answering the console asks the others for their own per-minute
+// decision counts (sidecar/traffic) when it is read, at most once per TrafficInterval,
+// and offers the keys whose counts the others report to its table of busy keys, so that
+// any node answers for the whole cluster. Nobody watching, the live view costs nothing
+// on the network; watched, one query and one answer per member per TrafficInterval,
+// from the watched node only. Members of earlier releases, which do not announce
+// featureViewQuery, neither ask nor answer: every node sends them its counts every
+// TrafficInterval, as they do to everyone.
 //
 // A traffic message is, like the counters, state rather than increments: one origin's
 // decisions of one bucket in one minute only grow, and a receiver keeps the larger of
@@ -21,13 +29,24 @@ import (
 //
 //	traffic := trafficKind(1 byte) sentAt(varint, Unix ms) origin(string) n(uvarint) entry{n}
 //	entry   := bucket(string) minute(varint, minutes before sentAt's) allowed(uvarint) denied(uvarint)
+//	query   := viewQueryKind(1 byte) sentAt(varint, Unix ms) origin(string)
 //
-// Its first byte is not the counters' version, so a node that does not know it counts
-// it as malformed and ignores it.
-const trafficKind byte = 'T'
+// Their first bytes are not the counters' version, so a node that does not know them
+// counts them as malformed and ignores them.
+const (
+	trafficKind   byte = 'T'
+	viewQueryKind byte = 'V'
+	// featureViewQuery, in the second byte of a member's metadata, says it answers
+	// view queries (and so is not sent its counts unasked).
+	featureViewQuery byte = 2
+)
 
-// DefaultTrafficInterval is how often a node sends its minute counts.
+// DefaultTrafficInterval is how often a node's live view asks the others for their
+// minute counts while it is read (and sends its own to members of earlier releases).
 const DefaultTrafficInterval = 5 * time.Second
+
+// viewWait bounds how long a read of the live view waits for the members' answers.
+const viewWait = 300 * time.Millisecond
 
 type trafficEntry struct {
 	bucket          string
@@ -101,8 +120,8 @@ func decodeTraffic(b []byte) (trafficMessage, error) {
 	return m, nil
 }
 
-// trafficLoop sends this node's minute counts to every other live member every
-// TrafficInterval.
+// trafficLoop sends this node's minute counts every TrafficInterval to the live members
+// that do not ask for them (earlier releases).
 func (c *Cluster) trafficLoop() {
 	t := time.NewTicker(c.cfg.TrafficInterval)
 	defer t.Stop()
@@ -112,23 +131,133 @@ func (c *Cluster) trafficLoop() {
 			return
 		case <-t.C:
 		}
-		c.sendTraffic(c.nowMS())
+		var old []memberlist.Node
+		for _, n := range c.peers() {
+			if !answersQueries(n) {
+				old = append(old, n)
+			}
+		}
+		c.sendTraffic(c.nowMS(), old)
 	}
 }
 
-func (c *Cluster) sendTraffic(now int64) {
+// answersQueries says member n asks for the others' minute counts and answers queries.
+func answersQueries(n memberlist.Node) bool {
+	return len(n.Meta) >= 2 && n.Meta[1]&featureViewQuery != 0
+}
+
+// sendTraffic sends this node's minute counts to the given members.
+func (c *Cluster) sendTraffic(now int64, to []memberlist.Node) {
+	if len(to) == 0 {
+		return
+	}
 	var entries []trafficEntry
 	c.cfg.Traffic.Own(func(bucket string, m traffic.Minute) {
 		entries = append(entries, trafficEntry{bucket, m.StartMS, m.Allowed, m.Denied})
 	})
 	msgs := packTraffic(now, c.origin, entries, maxPacket)
-	for _, n := range c.peers() {
+	for _, n := range to {
 		for _, msg := range msgs {
-			if err := c.ml.SendBestEffort(&n, msg); err != nil {
-				c.m.sendErrors.Inc()
-			}
+			c.send(&n, kindView, msg)
 		}
 	}
+}
+
+// viewRound is one round of view queries: the members not heard from yet.
+type viewRound struct {
+	at   int64
+	left map[string]bool
+	done chan struct{} // closed when left is empty
+}
+
+// RefreshView makes the live view read next hold every member's minute counts of a
+// moment ago: it asks the members that answer queries for theirs, at most once per
+// TrafficInterval (a read within it joins the last round), and waits for their answers,
+// viewWait at most or until ctx is done. Without Config.Traffic it does nothing.
+func (c *Cluster) RefreshView(ctx context.Context) {
+	if c.cfg.Traffic == nil {
+		return
+	}
+	now := c.nowMS()
+	c.viewMu.Lock()
+	r := c.viewRound
+	var ask []memberlist.Node
+	if r == nil || now-r.at >= c.cfg.TrafficInterval.Milliseconds() || now < r.at {
+		r = &viewRound{at: now, left: map[string]bool{}, done: make(chan struct{})}
+		for _, n := range c.peers() {
+			if answersQueries(n) {
+				ask = append(ask, n)
+				r.left[n.Name] = true
+			}
+		}
+		if len(r.left) == 0 {
+			close(r.done)
+		}
+		c.viewRound = r
+	}
+	c.viewMu.Unlock()
+	if len(ask) > 0 {
+		q := encodeViewQuery(now, c.origin)
+		for _, n := range ask {
+			c.send(&n, kindView, q)
+		}
+	}
+	t := time.NewTimer(viewWait)
+	defer t.Stop()
+	select {
+	case <-r.done:
+	case <-t.C:
+	case <-ctx.Done():
+	case <-c.stop:
+	}
+}
+
+// answered notes that member name's counts arrived, for the current round.
+func (c *Cluster) answered(name string) {
+	c.viewMu.Lock()
+	defer c.viewMu.Unlock()
+	if r := c.viewRound; r != nil && r.left[name] {
+		delete(r.left, name)
+		if len(r.left) == 0 {
+			close(r.done)
+		}
+	}
+}
+
+func encodeViewQuery(sentAt int64, origin string) []byte {
+	b := binary.AppendVarint([]byte{viewQueryKind}, sentAt)
+	return appendString(b, origin)
+}
+
+func decodeViewQuery(b []byte) (sentAt int64, origin string, err error) {
+	if len(b) < 1 || b[0] != viewQueryKind {
+		return 0, "", errMalformed
+	}
+	r := reader{b: b[1:]}
+	sentAt = r.varint()
+	origin = r.string()
+	if r.err != nil || origin == "" || len(r.b) != 0 {
+		return 0, "", errMalformed
+	}
+	return sentAt, origin, nil
+}
+
+// receiveViewQuery answers a member's query with this node's minute counts.
+func (c *Cluster) receiveViewQuery(b []byte) {
+	_, origin, err := decodeViewQuery(b)
+	if err != nil {
+		c.m.malformed.Inc()
+		return
+	}
+	name := nodeName(origin)
+	c.membersMu.Lock()
+	n, ok := c.members[name]
+	c.membersMu.Unlock()
+	if !ok || name == c.cfg.NodeName || c.cfg.Traffic == nil {
+		return
+	}
+	c.heard(origin, 0, c.nowMS())
+	c.sendTraffic(c.nowMS(), []memberlist.Node{n})
 }
 
 func (c *Cluster) receiveTraffic(b []byte) {
@@ -147,6 +276,7 @@ func (c *Cluster) receiveTraffic(b []byte) {
 	for _, e := range m.entries {
 		c.cfg.Traffic.MergeRemote(m.origin, e.bucket, traffic.Minute{StartMS: e.minuteStartMS, Allowed: e.allowed, Denied: e.denied})
 	}
+	c.answered(nodeName(m.origin))
 }
 
 // offerBusy offers a key whose count another node reported to the table of busy keys,

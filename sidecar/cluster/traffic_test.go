@@ -1,9 +1,12 @@
 package cluster
 
 import (
+	"context"
 	"fmt"
 	"testing"
 	"time"
+
+	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/converger/edge/sidecar/limiter"
 	"github.com/converger/edge/sidecar/traffic"
@@ -55,6 +58,15 @@ func TestTrafficMessagesRoundTripAndSplit(t *testing.T) {
 			t.Errorf("malformed message %d decoded", i)
 		}
 	}
+	q := encodeViewQuery(now, "node-a#01")
+	if at, origin, err := decodeViewQuery(q); err != nil || at != now || origin != "node-a#01" {
+		t.Fatalf("a view query: %d %q %v", at, origin, err)
+	}
+	for i, b := range [][]byte{nil, {viewQueryKind}, q[:len(q)-1], append(append([]byte{}, q...), 0), encodeViewQuery(now, "")} {
+		if _, _, err := decodeViewQuery(b); err == nil {
+			t.Errorf("malformed query %d decoded", i)
+		}
+	}
 }
 
 // TestTrafficIsMergedAcrossNodes runs two real nodes in this process: decisions and a
@@ -85,6 +97,7 @@ func TestTrafficIsMergedAcrossNodes(t *testing.T) {
 		recA.Note(k, a.lim.Check(k, 1, l))
 	}
 	waitFor(t, func() bool {
+		b.RefreshView(context.Background())
 		ts, nodes := recB.Traffic()
 		if nodes != 2 || len(ts) != 1 || ts[0].Bucket != "token_create" {
 			return false
@@ -101,6 +114,73 @@ func TestTrafficIsMergedAcrossNodes(t *testing.T) {
 	if len(st) != 2 || !st[0].Self || st[0].Name != "b" || st[1].Name != "a" || st[1].HeardAgo < 0 || st[1].HeardAgo > 5*time.Second ||
 		st[1].SyncAge < 0 || st[1].SyncAge > time.Minute || st[1].StaleDropped != 0 {
 		t.Fatalf("b's status %+v", st)
+	}
+}
+
+// TestLiveViewCostsNothingUnwatched: two nodes count decisions and nobody reads their
+// live view: no minute counts cross the network. Read, one query and one answer per
+// member per TrafficInterval, however often it is read, and the reader waits for the
+// answer: its view holds the other's decisions at once.
+func TestLiveViewCostsNothingUnwatched(t *testing.T) {
+	const every = 400 * time.Millisecond
+	start := func(name string, join []string) (*Cluster, *traffic.Recorder) {
+		lim := limiter.New(limiter.Options{Replicated: true})
+		rec := traffic.New(lim)
+		c, err := Start(Config{NodeName: name, BindAddr: "127.0.0.1:0", Strategy: "static", Join: join,
+			SyncInterval: 20 * time.Millisecond, Traffic: rec, TrafficInterval: every, Logger: quiet}, lim)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(c.Stop)
+		return c, rec
+	}
+	a, recA := start("a", nil)
+	b, recB := start("b", []string{a.ml.LocalNode().Address()})
+	waitFor(t, func() bool { return a.Members() == 2 && b.Members() == 2 }, "both members")
+	views := func(c *Cluster) float64 { return testutil.ToFloat64(c.m.kindMsgs.WithLabelValues(kindView)) }
+	l := limiter.Limit{Count: 1000, Window: time.Hour}
+	k := limiter.Key{Bucket: a.lim.Bucket("token_create"), ID: "198.51.100.8"}
+	for range 10 {
+		recA.Note(k, a.lim.Check(k, 1, l))
+		time.Sleep(every / 4)
+	}
+	if va, vb := views(a), views(b); va != 0 || vb != 0 {
+		t.Fatalf("unwatched, the nodes sent %v and %v live-view messages over %v", va, vb, 10*every/4)
+	}
+	allowed := func() uint64 {
+		var n uint64
+		ts, _ := recB.Traffic()
+		for _, bt := range ts {
+			for _, m := range bt.Minutes {
+				n += m.Allowed
+			}
+		}
+		return n
+	}
+	// An hour's window may have begun during the loop: count what a allowed itself.
+	var want uint64
+	ts, _ := recA.Traffic()
+	for _, bt := range ts {
+		for _, m := range bt.Minutes {
+			want += m.Allowed
+		}
+	}
+	start0 := time.Now()
+	b.RefreshView(context.Background())
+	if got := allowed(); got != want || want == 0 {
+		t.Fatalf("after one read b's view holds %d of a's %d decisions (waited %v)", got, want, time.Since(start0))
+	}
+	// Read 20 times within the interval: still the one round (b's query, a's answer).
+	for range 20 {
+		b.RefreshView(context.Background())
+	}
+	if va, vb := views(a), views(b); va != 1 || vb != 1 {
+		t.Fatalf("20 reads within the interval: a sent %v and b %v live-view messages, want 1 each", va, vb)
+	}
+	time.Sleep(every)
+	b.RefreshView(context.Background())
+	if va, vb := views(a), views(b); va != 2 || vb != 2 {
+		t.Fatalf("a read in the next interval: a sent %v and b %v live-view messages, want 2 each", va, vb)
 	}
 }
 

@@ -92,9 +92,12 @@ func (s *Server) Buckets(context.Context, *limiterpb.BucketsRequest) (*limiterpb
 var errNoLiveView = status.Error(codes.Unavailable, "this sidecar does not record its decisions")
 
 // Traffic answers the minute counts of the last hour.
-func (s *Server) Traffic(context.Context, *limiterpb.TrafficRequest) (*limiterpb.TrafficResponse, error) {
+func (s *Server) Traffic(ctx context.Context, _ *limiterpb.TrafficRequest) (*limiterpb.TrafficResponse, error) {
 	if s.live.Traffic == nil {
 		return nil, errNoLiveView
+	}
+	if s.live.Cluster != nil {
+		s.live.Cluster.RefreshView(ctx) // the other members' minutes of a moment ago
 	}
 	ts, nodes := s.live.Traffic.Traffic()
 	resp := &limiterpb.TrafficResponse{NowMs: s.limiter.NowMS(), Nodes: uint32(nodes)}
@@ -177,12 +180,13 @@ func (s *Server) currentLimit(bucket, id string, recorded limiter.Limit) limiter
 }
 
 // Cluster answers the backend and the members.
-func (s *Server) Cluster(context.Context, *limiterpb.ClusterRequest) (*limiterpb.ClusterResponse, error) {
+func (s *Server) Cluster(ctx context.Context, _ *limiterpb.ClusterRequest) (*limiterpb.ClusterResponse, error) {
 	resp := &limiterpb.ClusterResponse{Backend: "local", NowMs: s.limiter.NowMS()}
 	c := s.live.Cluster
 	if c == nil {
 		return resp, nil
 	}
+	c.RefreshView(ctx) // every member heard from a moment ago
 	resp.Backend = "cluster"
 	resp.SyncIntervalMs = uint64(c.SyncInterval().Milliseconds())
 	for _, m := range c.Status() {

@@ -50,7 +50,8 @@ func previousSidecar(t *testing.T) string {
 
 // TestClusterRollingUpgradeKeepsMerging runs the previous release's sidecar beside two of
 // this one: the new nodes send each other compressed messages (version 3) and the old
-// one version 2, and every node counts every node's hits exactly once.
+// one version 2, and every node counts every node's hits exactly once; every node's live
+// view holds every node's decisions.
 func TestClusterRollingUpgradeKeepsMerging(t *testing.T) {
 	t.Parallel()
 	old := previousSidecar(t)
@@ -105,6 +106,35 @@ func TestClusterRollingUpgradeKeepsMerging(t *testing.T) {
 	time.Sleep(5 * syncInterval)
 	if ok, s := state(); !ok {
 		t.Fatalf("the totals moved once quiet: %s", s)
+	}
+	// The live view across versions: the new nodes ask each other for their minute
+	// counts and send theirs to the old one unasked, which sends its own to everyone;
+	// every node's view holds every node's decision. No query reaches the old node
+	// (it would count it as malformed, below).
+	const viewBucket = "token_create"
+	for _, n := range nodes {
+		if r := n.check(viewBucket, "198.51.100.78"); !r.Allowed {
+			t.Fatalf("%s: the check for the live view was refused: %+v", n.name, r)
+		}
+	}
+	for _, n := range nodes {
+		eventually(t, 15*time.Second, n.name+"'s live view holds every node's decision", func() (bool, string) {
+			ctx, cancel := n.ctx()
+			defer cancel()
+			tr, err := n.limiter.Traffic(ctx)
+			if err != nil {
+				return false, err.Error()
+			}
+			var decided uint64
+			for _, b := range tr.GetBuckets() {
+				if b.GetBucket() == viewBucket {
+					for _, m := range b.GetMinutes() {
+						decided += m.GetAllowed() + m.GetDenied()
+					}
+				}
+			}
+			return tr.GetNodes() == 3 && decided == 3, fmt.Sprintf("%d nodes, %d decisions", tr.GetNodes(), decided)
+		})
 	}
 	for _, n := range nodes[1:] {
 		if m := n.metric("converger_cluster_malformed_messages_total"); m != 0 {
