@@ -20,6 +20,7 @@ import (
 //     or the cluster's count as the node knows it half the limit, growing at twice the
 //     faster of its rate so far and every member counting at this node's rate.
 //
+// A flush that sends values anyway takes along the waiting ones due soon (lazySlack).
 // Bounds that change are sent at once whatever the count (the flush's bounds). Most
 // counters of a busy cluster are far from their limits (a tenant's requests, the client
 // addresses behind it), so this divides their sync traffic by up to lazyIntervals; those
@@ -120,9 +121,15 @@ func longestWait(s limiter.Snapshot, last sentAt, env shareEnv) int64 {
 	return 0
 }
 
+// lazySlack is, in intervals, how much earlier than due a waiting value goes with a flush
+// that sends values anyway (a quarter of its wait at most): the values of counters
+// counted at different moments share packets instead of each taking its own.
+const lazySlack = 10
+
 // dueWaiting returns the waiting keys whose wait is over at env.now, and forgets them
-// and the keys of ended windows.
-func (r *replicator) dueWaiting(env shareEnv) []limiter.Key {
+// and the keys of ended windows. When the flush sends values anyway (sending, or some
+// wait is over), those due within lazySlack intervals go too.
+func (r *replicator) dueWaiting(env shareEnv, sending bool) []limiter.Key {
 	var due []limiter.Key
 	for k, at := range r.waiting {
 		last, ok := r.sent[k]
@@ -133,6 +140,15 @@ func (r *replicator) dueWaiting(env shareEnv) []limiter.Key {
 		// Due after its wait, and in the window's last interval in any case, so that the
 		// others know the node's demand of the whole window.
 		if env.now >= at || last.endMS-env.now <= env.intervalMS {
+			due = append(due, k)
+			delete(r.waiting, k)
+		}
+	}
+	if !sending && len(due) == 0 {
+		return nil
+	}
+	for k, at := range r.waiting {
+		if at-env.now <= min(lazySlack*env.intervalMS, (at-r.sent[k].at)/4) {
 			due = append(due, k)
 			delete(r.waiting, k)
 		}

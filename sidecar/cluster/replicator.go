@@ -59,7 +59,7 @@ func (r *replicator) flush(env shareEnv) flushResult {
 			urgent = append(urgent, k)
 		}
 	}
-	due := r.dueWaiting(env)
+	due := r.dueWaiting(env, len(urgent) > 0 || len(r.resend) > 0)
 	var bounds []limiter.Key // share mode's bounds to send, counted or not
 	if r.share {
 		changed := make(map[limiter.Key]struct{}, len(urgent)+len(due))
