@@ -197,13 +197,14 @@ const (
 	mKindView    = `converger_cluster_sent_by_kind_messages_total{kind="view"}`
 	// mKindValuesBytes is the values' payload bytes.
 	mKindValuesBytes = `converger_cluster_sent_by_kind_bytes_total{kind="values"}`
+	mTransferSent    = `converger_cluster_state_transfer_bytes_total{direction="sent"}`
 )
 
 // metricPrefixes select the samples scraped from each node.
 var metricPrefixes = []string{
 	"converger_cluster_sync_messages_total{", "converger_cluster_sync_bytes_total{",
 	mKeysSum, mKeysCount, mCaps, mSendErrors, mStale, mLagSum, mLagCount, mClusterSize,
-	"converger_cluster_sent_by_kind_messages_total{", mKindValuesBytes,
+	"converger_cluster_sent_by_kind_messages_total{", mKindValuesBytes, mTransferSent,
 }
 
 // Scrape is one node's metrics at one instant.

@@ -806,9 +806,16 @@ func (d *delegate) LocalState(join bool) []byte {
 			add(c.origin, value{bucket: c.lim.BucketName(k.Bucket), id: k.ID, sizeMS: s.SizeMS, endMS: s.EndMS, count: s.Own})
 		}
 	})
-	c.slots.each(now, func(origin string, k limiter.Key, sl slot) {
-		add(origin, value{bucket: c.lim.BucketName(k.Bucket), id: k.ID, sizeMS: sl.sizeMS, endMS: sl.endMS, count: sl.count})
-	})
+	if join {
+		// A join (a new or restarted node, or a member back after a netsplit) gets
+		// every slot this node knows; a periodic push/pull only this node's own counts,
+		// which heal what the other missed of them. Relaying every origin's slots every
+		// 30 s made each node's push/pulls grow with N × keys (at N = 20 most of its
+		// bytes), for counts the origins send themselves.
+		c.slots.each(now, func(origin string, k limiter.Key, sl slot) {
+			add(origin, value{bucket: c.lim.BucketName(k.Bucket), id: k.ID, sizeMS: sl.sizeMS, endMS: sl.endMS, count: sl.count})
+		})
+	}
 	var state []byte
 	for _, p := range packers {
 		state = appendState(state, p.messages()...)

@@ -70,9 +70,19 @@ func TestStateTransferCarriesOwnAndRemoteSlots(t *testing.T) {
 		t.Fatalf("b counts %d after the same transfer twice", got)
 	}
 	// Its own values coming back do not count as remote.
-	(*delegate)(a).MergeRemoteState((*delegate)(b).LocalState(false), false)
+	(*delegate)(a).MergeRemoteState((*delegate)(b).LocalState(true), true)
 	if got := total(t, a.lim, "ip"); got != 5 {
 		t.Fatalf("a counts %d after b's transfer, want 5", got)
+	}
+	// A periodic push/pull carries the node's own counts only: b counted nothing, a
+	// its 3 (not x's 2, which x sends itself).
+	if msgs, err := decodeState((*delegate)(b).LocalState(false)); err != nil || len(msgs) > 1 || (len(msgs) == 1 && len(msgs[0].values) != 0) {
+		t.Fatalf("b's periodic state: %+v, %v; want no value", msgs, err)
+	}
+	c2 := newTestNode("c", c)
+	(*delegate)(c2).MergeRemoteState((*delegate)(a).LocalState(false), false)
+	if got := total(t, c2.lim, "ip"); got != 3 {
+		t.Fatalf("c counts %d after a's periodic state, want a's own 3", got)
 	}
 	c.set(t0 + minute)
 	b.slots.tick(c.ms.Load())
