@@ -13,7 +13,7 @@ import (
 // in the window's last interval in any case. It matters soon, and is sent at once, when:
 //   - it is the node's first value of the counter in the window (the others learn of its
 //     demand: share mode's bounds and the next window's parts depend on it); if it could
-//     have waited, it is not resent (firstFar);
+//     have waited, it is not resent;
 //   - the node's bound refused hits;
 //   - before the next value and its delivery (the shortest wait and two intervals,
 //     within the window), the node's count would reach its bound at its rate (it will need more),
@@ -41,7 +41,7 @@ type sentAt struct {
 // times longer as it has peers beyond a 3-node cluster's two (members−1 over 2), half the
 // window at most. Every packet of values goes to every peer, so that the packets a node
 // sends each second of counters far from their limits do not grow with the cluster: the
-// others' views of those counters are as much older, which the projections of canWait
+// others' views of those counters are as much older, which the projections of lazy
 // allow for (their horizon is the wait).
 func lazyAfter(env shareEnv, sizeMS int64) int64 {
 	wait := min(lazyIntervals*env.intervalMS, sizeMS/10)
@@ -51,41 +51,32 @@ func lazyAfter(env shareEnv, sizeMS int64) int64 {
 	return wait
 }
 
-// canWait reports whether this node's value of k, counted since the last flush, can wait.
-func (r *replicator) canWait(k limiter.Key, env shareEnv) bool {
+// lazy decides this node's value of k, counted since the last flush: whether it can
+// wait (it is then noted in waiting), and, when it cannot because it is the node's first
+// value of k in the window, whether it could have waited as a later one would (far): a
+// first value sent at once is then not sent a second time, as a value that waited is not
+// (the next one heals its loss).
+func (r *replicator) lazy(k limiter.Key, env shareEnv) (wait, far bool) {
 	s, ok := r.current(k, env)
 	if !ok {
-		return false
+		return false, false
 	}
 	last, ok := r.sent[k]
 	if !ok || last.endMS != s.EndMS {
-		return false
+		// The first: from the window's start.
+		return false, longestWait(s, sentAt{at: s.EndMS - s.SizeMS, sizeMS: s.SizeMS, endMS: s.EndMS}, env) > 0
 	}
-	wait := longestWait(s, last, env)
-	if wait == 0 {
-		return false
+	w := longestWait(s, last, env)
+	if w == 0 {
+		return false, false
 	}
 	// Due now or later: dueWaiting sends it (once, without a resend).
-	due := last.at + wait
+	due := last.at + w
 	if at, ok := r.waiting[k]; ok {
 		due = min(due, at)
 	}
 	r.waiting[k] = due
-	return true
-}
-
-// firstFar reports whether this node's first value of k in the window, which is sent at
-// once, could have waited as a later one would: it is not sent a second time, as a
-// value that waited is not (the next one heals its loss).
-func (r *replicator) firstFar(k limiter.Key, env shareEnv) bool {
-	s, ok := r.current(k, env)
-	if !ok {
-		return false
-	}
-	if last, ok := r.sent[k]; ok && last.endMS == s.EndMS {
-		return false // not the first
-	}
-	return longestWait(s, sentAt{at: s.EndMS - s.SizeMS, sizeMS: s.SizeMS, endMS: s.EndMS}, env) > 0
+	return true, false
 }
 
 // current is k's snapshot when this node counted it in the current window, has a limit

@@ -54,9 +54,18 @@ func (r *replicator) flush(env shareEnv) flushResult {
 	// The counted keys whose value can wait (lazy.go) are sent later, at the latest
 	// lazyAfter after their last value; those whose wait is over are due now.
 	urgent := keys[:0:0]
+	var far map[limiter.Key]bool // urgent first values that could have waited: no resend
 	for _, k := range keys {
-		if !r.canWait(k, env) {
-			urgent = append(urgent, k)
+		wait, isFar := r.lazy(k, env)
+		if wait {
+			continue
+		}
+		urgent = append(urgent, k)
+		if isFar {
+			if far == nil {
+				far = map[limiter.Key]bool{}
+			}
+			far[k] = true
 		}
 	}
 	due := r.dueWaiting(env, len(urgent) > 0 || len(r.resend) > 0)
@@ -100,9 +109,8 @@ func (r *replicator) flush(env shareEnv) flushResult {
 			bucket: r.lim.BucketName(k.Bucket), id: k.ID, sizeMS: s.SizeMS, endMS: s.EndMS, count: s.Own,
 			share: true, refused: s.Refused, cap: s.Cap, capped: s.Capped, limit: s.Limit,
 		})
-		first := i >= len(bounds) && i < len(bounds)+len(urgent) && r.firstFar(k, env)
 		r.noteSent(k, s, env.now)
-		if i < len(bounds)+len(urgent) && !first {
+		if i < len(bounds) || (i < len(bounds)+len(urgent) && !far[k]) {
 			// Sent once more at the next flush, so that one lost packet is healed at
 			// once; a value that could wait is healed by the next one.
 			resend = append(resend, k)

@@ -72,20 +72,7 @@ func TestTrafficMessagesRoundTripAndSplit(t *testing.T) {
 // TestTrafficIsMergedAcrossNodes runs two real nodes in this process: decisions and a
 // key counted on one show in the other's minute counts, busiest keys and member status.
 func TestTrafficIsMergedAcrossNodes(t *testing.T) {
-	start := func(name string, join []string) (*Cluster, *traffic.Recorder) {
-		lim := limiter.New(limiter.Options{Replicated: true})
-		rec := traffic.New(lim)
-		c, err := Start(Config{NodeName: name, BindAddr: "127.0.0.1:0", Strategy: "static", Join: join,
-			SyncInterval: 20 * time.Millisecond, Traffic: rec, TrafficInterval: 50 * time.Millisecond, Logger: quiet}, lim)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(c.Stop)
-		return c, rec
-	}
-	a, recA := start("a", nil)
-	b, recB := start("b", []string{a.ml.LocalNode().Address()})
-	waitFor(t, func() bool { return a.Members() == 2 && b.Members() == 2 }, "both members")
+	a, recA, b, recB := startTrafficPair(t, 50*time.Millisecond)
 
 	l := limiter.Limit{Count: 5, Window: time.Hour}
 	// The hour must not end during the test.
@@ -123,20 +110,7 @@ func TestTrafficIsMergedAcrossNodes(t *testing.T) {
 // other's decisions.
 func TestLiveViewCostsNothingUnwatched(t *testing.T) {
 	const every = time.Second
-	start := func(name string, join []string) (*Cluster, *traffic.Recorder) {
-		lim := limiter.New(limiter.Options{Replicated: true})
-		rec := traffic.New(lim)
-		c, err := Start(Config{NodeName: name, BindAddr: "127.0.0.1:0", Strategy: "static", Join: join,
-			SyncInterval: 20 * time.Millisecond, Traffic: rec, TrafficInterval: every, Logger: quiet}, lim)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(c.Stop)
-		return c, rec
-	}
-	a, recA := start("a", nil)
-	b, recB := start("b", []string{a.ml.LocalNode().Address()})
-	waitFor(t, func() bool { return a.Members() == 2 && b.Members() == 2 }, "both members")
+	a, recA, b, recB := startTrafficPair(t, every)
 	views := func(c *Cluster) float64 { return testutil.ToFloat64(c.m.kindMsgs.WithLabelValues(kindView)) }
 	l := limiter.Limit{Count: 1000, Window: time.Hour}
 	k := limiter.Key{Bucket: a.lim.Bucket("token_create"), ID: "198.51.100.8"}
@@ -185,6 +159,27 @@ func TestLiveViewCostsNothingUnwatched(t *testing.T) {
 	time.Sleep(every)
 	b.RefreshView(context.Background())
 	settled(2, "a read in the next interval")
+}
+
+// startTrafficPair starts two real nodes in this process, b joining a, each recording
+// its decisions for the live view, and waits until both list both.
+func startTrafficPair(t *testing.T, every time.Duration) (a *Cluster, recA *traffic.Recorder, b *Cluster, recB *traffic.Recorder) {
+	t.Helper()
+	start := func(name string, join []string) (*Cluster, *traffic.Recorder) {
+		lim := limiter.New(limiter.Options{Replicated: true})
+		rec := traffic.New(lim)
+		c, err := Start(Config{NodeName: name, BindAddr: "127.0.0.1:0", Strategy: "static", Join: join,
+			SyncInterval: 20 * time.Millisecond, Traffic: rec, TrafficInterval: every, Logger: quiet}, lim)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(c.Stop)
+		return c, rec
+	}
+	a, recA = start("a", nil)
+	b, recB = start("b", []string{a.ml.LocalNode().Address()})
+	waitFor(t, func() bool { return a.Members() == 2 && b.Members() == 2 }, "both members")
+	return a, recA, b, recB
 }
 
 func waitFor(t *testing.T, cond func() bool, what string) {
