@@ -111,8 +111,9 @@ type Cluster struct {
 	ownersMu sync.Mutex
 	owners   owners // the keys' owners (grant.go), made again on membership events
 
-	viewMu    sync.Mutex
-	viewRound *viewRound // the live view's last round of queries (traffic.go)
+	viewMu     sync.Mutex
+	viewRound  *viewRound       // the live view's last round of queries (traffic.go)
+	answeredAt map[string]int64 // when each member's query was last answered
 
 	// inbox holds the sync and live-view messages received, merged in order by
 	// inboxLoop, so that memberlist's handler, which hands over the grants' requests

@@ -256,8 +256,24 @@ func (c *Cluster) receiveViewQuery(b []byte) {
 	if !ok || name == c.cfg.NodeName || c.cfg.Traffic == nil {
 		return
 	}
-	c.heard(origin, 0, c.nowMS())
-	c.sendTraffic(c.nowMS(), []memberlist.Node{n})
+	now := c.nowMS()
+	c.heard(origin, 0, now)
+	// A member asks at most once per TrafficInterval: a flood of queries (or of packets
+	// claiming a member's name) gets at most one answer per half of it, sent to the
+	// member's own address.
+	c.viewMu.Lock()
+	if c.answeredAt == nil || len(c.answeredAt) > maxPeerStates {
+		c.answeredAt = map[string]int64{}
+	}
+	at, seen := c.answeredAt[name]
+	recent := seen && now >= at && now-at < c.cfg.TrafficInterval.Milliseconds()/2
+	if !recent {
+		c.answeredAt[name] = now
+	}
+	c.viewMu.Unlock()
+	if !recent {
+		c.sendTraffic(now, []memberlist.Node{n})
+	}
 }
 
 func (c *Cluster) receiveTraffic(b []byte) {

@@ -159,6 +159,17 @@ func TestLiveViewCostsNothingUnwatched(t *testing.T) {
 	time.Sleep(every)
 	b.RefreshView(context.Background())
 	settled(2, "a read in the next interval")
+	// A flood of queries in b's name, half an interval after a answered b's last: one
+	// answer.
+	time.Sleep(every / 2)
+	q := encodeViewQuery(b.nowMS(), b.origin)
+	for range 200 {
+		a.receiveViewQuery(q)
+	}
+	time.Sleep(50 * time.Millisecond)
+	if va := views(a); va != 3 {
+		t.Fatalf("200 queries at once: a sent %v live-view messages in all, want 3 (one answer)", va)
+	}
 }
 
 // startTrafficPair starts two real nodes in this process, b joining a, each recording
