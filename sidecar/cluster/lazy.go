@@ -12,8 +12,8 @@ import (
 // cluster) and its halves down to two intervals that the projections below allow, and
 // in the window's last interval in any case. It matters soon, and is sent at once, when:
 //   - it is the node's first value of the counter in the window (the others learn of its
-//     demand: share mode's bounds and the next window's parts depend on it); if it could
-//     have waited, it is not resent;
+//     demand: share mode's bounds and the next window's parts depend on it), and once
+//     more at the next flush with the count then (a short burst is complete there);
 //   - the node's bound refused hits;
 //   - before the next value and its delivery (the shortest wait and two intervals,
 //     within the window), the node's count would reach its bound at its rate (it will need more),
@@ -51,24 +51,20 @@ func lazyAfter(env shareEnv, sizeMS int64) int64 {
 	return wait
 }
 
-// lazy decides this node's value of k, counted since the last flush: whether it can
-// wait (it is then noted in waiting), and, when it cannot because it is the node's first
-// value of k in the window, whether it could have waited as a later one would (far): a
-// first value sent at once is then not sent a second time, as a value that waited is not
-// (the next one heals its loss).
-func (r *replicator) lazy(k limiter.Key, env shareEnv) (wait, far bool) {
+// lazy reports whether this node's value of k, counted since the last flush, can wait
+// (it is then noted in waiting).
+func (r *replicator) lazy(k limiter.Key, env shareEnv) bool {
 	s, ok := r.current(k, env)
 	if !ok {
-		return false, false
+		return false
 	}
 	last, ok := r.sent[k]
 	if !ok || last.endMS != s.EndMS {
-		// The first: from the window's start.
-		return false, longestWait(s, sentAt{at: s.EndMS - s.SizeMS, sizeMS: s.SizeMS, endMS: s.EndMS}, env) > 0
+		return false // the first of the window
 	}
 	w := longestWait(s, last, env)
 	if w == 0 {
-		return false, false
+		return false
 	}
 	// Due now or later: dueWaiting sends it (once, without a resend).
 	due := last.at + w
@@ -76,7 +72,7 @@ func (r *replicator) lazy(k limiter.Key, env shareEnv) (wait, far bool) {
 		due = min(due, at)
 	}
 	r.waiting[k] = due
-	return true, false
+	return true
 }
 
 // current is k's snapshot when this node counted it in the current window, has a limit

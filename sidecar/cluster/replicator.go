@@ -54,18 +54,9 @@ func (r *replicator) flush(env shareEnv) flushResult {
 	// The counted keys whose value can wait (lazy.go) are sent later, at the latest
 	// lazyAfter after their last value; those whose wait is over are due now.
 	urgent := keys[:0:0]
-	var far map[limiter.Key]bool // urgent first values that could have waited: no resend
 	for _, k := range keys {
-		wait, isFar := r.lazy(k, env)
-		if wait {
-			continue
-		}
-		urgent = append(urgent, k)
-		if isFar {
-			if far == nil {
-				far = map[limiter.Key]bool{}
-			}
-			far[k] = true
+		if !r.lazy(k, env) {
+			urgent = append(urgent, k)
 		}
 	}
 	due := r.dueWaiting(env, len(urgent) > 0 || len(r.resend) > 0)
@@ -110,7 +101,7 @@ func (r *replicator) flush(env shareEnv) flushResult {
 			share: true, refused: s.Refused, cap: s.Cap, capped: s.Capped, limit: s.Limit,
 		})
 		r.noteSent(k, s, env.now)
-		if i < len(bounds) || (i < len(bounds)+len(urgent) && !far[k]) {
+		if i < len(bounds)+len(urgent) {
 			// Sent once more at the next flush, so that one lost packet is healed at
 			// once; a value that could wait is healed by the next one.
 			resend = append(resend, k)

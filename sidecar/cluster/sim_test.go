@@ -713,8 +713,8 @@ func TestSimLazyValuesFarFromTheLimit(t *testing.T) {
 	// (half the window at most), so that each node's packets of a counter far from its
 	// limit grow far less than N (the bench's load: one key checked by every node 10 times
 	// a second, a limit of a million a minute). With the waits of 3 nodes they would grow
-	// as the peers, 9.5 times; what is left is each window's first value and the value of
-	// the last interval, which do not wait.
+	// as the peers, 9.5 times; what is left is each window's first value, its resend and
+	// the value of the last interval, which do not wait.
 	perNode := map[int]float64{}
 	for _, n := range []int{3, 20} {
 		s := newSim(n, 100, []int64{0, 33, 67}, true, 1_000_000)
@@ -738,8 +738,8 @@ func TestSimLazyValuesFarFromTheLimit(t *testing.T) {
 		}
 	}
 	t.Logf("packets a second per node far below the limit: %.2f at 3 nodes, %.2f at 20", perNode[3], perNode[20])
-	if perNode[20] > 3*perNode[3] || perNode[3] == 0 {
-		t.Errorf("packets a second per node: %.2f at 20 nodes, %.2f at 3: want at most 3 times", perNode[20], perNode[3])
+	if perNode[20] > 4*perNode[3] || perNode[3] == 0 {
+		t.Errorf("packets a second per node: %.2f at 20 nodes, %.2f at 3: want at most 4 times", perNode[20], perNode[3])
 	}
 	cases := []simCase{
 		{name: "steady 0.9×", least: 0.89, load: func(s *simCluster) func(int64, int) int { return mix(s, 0.9, 1, 1, 1) }},
