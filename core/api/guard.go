@@ -14,10 +14,11 @@ package api
 //     reader capped at the route's limit (413 beyond it);
 //   - requireDatabase answers 503 at once while the database monitor says PostgreSQL is
 //     down or hung;
-//   - admit answers 503 at once beyond CORE_MAX_IN_FLIGHT requests in flight, instead
-//     of queueing them, and gives each request a deadline (CORE_REQUEST_TIMEOUT, or
-//     Envoy's x-envoy-expected-rq-timeout-ms when shorter) and cancels its work when
-//     its client closes the connection (watchInFlight);
+//   - admit does nothing for a request whose client has already closed its
+//     connection, answers 503 at once beyond CORE_MAX_IN_FLIGHT requests in flight,
+//     instead of queueing them, and gives each request a deadline
+//     (CORE_REQUEST_TIMEOUT, or Envoy's x-envoy-expected-rq-timeout-ms when shorter)
+//     and cancels its work when its client closes the connection (watchInFlight);
 //   - observe counts every answer by route pattern and status and writes the access
 //     log line.
 
@@ -292,8 +293,17 @@ func newAdmission(n int) *admission {
 	return a
 }
 
-// admit runs the request in a free slot with its deadline, or answers 503 at once.
+// admit runs the request in a free slot with its deadline, or answers 503 at once;
+// a request whose client is gone is not run.
 func (s *server) admit(c *fiber.Ctx) error {
+	conn := c.Context().Conn()
+	if conn != nil && netlimit.PeerGone(conn) {
+		// The client left while the request waited to be read (an overloaded machine,
+		// a full accept queue): nobody is there for the answer, so no work is done.
+		s.Metrics.Shed(metrics.ShedClientGone)
+		c.Context().SetConnectionClose()
+		return failUnavailable(c, errOverloaded)
+	}
 	var slot int
 	select {
 	case slot = <-s.inFlight.free:

@@ -21,7 +21,7 @@ import (
 const (
 	ShedInFlight     = "in_flight"     // CORE_MAX_IN_FLIGHT requests were in flight
 	ShedDatabaseDown = "database_down" // the database monitor says PostgreSQL is down
-	ShedClientGone   = "client_gone"   // the client closed its connection; the work was cancelled
+	ShedClientGone   = "client_gone"   // the client closed its connection; the work was not started, or cancelled
 )
 
 // NoRoute is the route label of requests that matched no route (404s, and the answers
