@@ -574,7 +574,13 @@ func (c *Cluster) askRoom(k limiter.Key, n uint32, sizeMS, endMS int64) bool {
 		}
 		c.m.grants.WithLabelValues("asked", "sent").Inc()
 	}
-	t := time.NewTimer(time.Duration(a.deadline-now) * time.Millisecond)
+	// The check that sent the request waits until its deadline; the others until it
+	// has ended the request (answered, or not in time), so that they see what it did.
+	wait := time.Duration(a.deadline-now) * time.Millisecond
+	if !first {
+		wait += fallBackGrace
+	}
+	t := time.NewTimer(wait)
 	defer t.Stop()
 	select {
 	case <-a.done:
@@ -584,10 +590,18 @@ func (c *Cluster) askRoom(k limiter.Key, n uint32, sizeMS, endMS int64) bool {
 	granted, answered := c.rep.asks.result(a)
 	if first && !answered {
 		c.m.grants.WithLabelValues("asked", "timed_out").Inc()
+		if c.rep.fallBack(k, a, endMS, c.shareEnv(c.nowMS())) {
+			c.m.grants.WithLabelValues("asked", "took_part").Inc()
+			granted = true
+		}
 		c.rep.asks.end(k, a, 0)
 	}
 	return granted
 }
+
+// fallBackGrace is how much longer than the request's deadline the checks that did not
+// send it wait for the one that did to end it.
+const fallBackGrace = 5 * time.Millisecond
 
 // noteGrant counts a grant this node made as the owner (to another node, or to itself).
 func (c *Cluster) noteGrant(to string, g uint32) {

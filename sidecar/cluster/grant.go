@@ -221,6 +221,7 @@ type ask struct {
 	grant     uint32
 	answered  bool
 	reqCap    uint32 // the bound the request carried
+	tookPart  bool   // not answered in time, the node took a part of the free room
 	closeOnce sync.Once
 }
 
@@ -283,11 +284,12 @@ func (as *asks) take(k limiter.Key, id uint64) *ask {
 	return nil
 }
 
-// result reports whether a's answer granted room, and whether it came.
+// result reports whether a's answer granted room, or the node took a part of the free
+// room when it did not come (fallBack), and whether it came.
 func (as *asks) result(a *ask) (granted, answered bool) {
 	as.mu.Lock()
 	defer as.mu.Unlock()
-	return a.answered && a.grant > 0, a.answered
+	return (a.answered && a.grant > 0) || a.tookPart, a.answered
 }
 
 // noteGranted has k's value sent by the next flush: its bound rose.
@@ -390,6 +392,26 @@ func (r *replicator) grantSelf(k limiter.Key, want uint32, endMS int64, env shar
 		r.asks.noteGranted(k)
 	}
 	return g
+}
+
+// fallBack is what a node does when its request a for room of k, in the window ending
+// at endMS, was not answered within the wait (an owner slow to answer, a lost packet):
+// while the nodes are projected to need a small part of the limit (farBelow), it takes a
+// member's part of what nobody holds as it knows, as a node first bound does, rather
+// than refuse a check far below the limit, and sends its bound with the next flush.
+// Nearer the limit the check is refused: only the owner gives out the last of it.
+func (r *replicator) fallBack(k limiter.Key, a *ask, endMS int64, env shareEnv) bool {
+	r.slots.planMu.Lock()
+	took := r.slots.takePart(k, endMS, env)
+	r.slots.planMu.Unlock()
+	if !took {
+		return false
+	}
+	r.asks.mu.Lock()
+	a.tookPart = true
+	r.asks.mu.Unlock()
+	r.asks.noteGranted(k)
+	return true
 }
 
 // answer applies an owner's answer at now (this node's clock): the bound of the key

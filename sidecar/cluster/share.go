@@ -61,8 +61,11 @@ import (
 //     asks the owner at once (a packet) and waits for the answer, at most GrantWait.
 //     Checks of the key meanwhile wait on the same request; after an answer of 0 (or
 //     none) the node asks again only after a sync interval; no request is sent when the
-//     known count leaves no room. No answer in time: the check is refused, as without
-//     grants.
+//     known count leaves no room. No answer in time: while the nodes are projected to
+//     need less than a releaseShare-th of the limit (farBelow), the node takes a
+//     member's part of what nobody holds, as a node first bound does (takePart), and
+//     sends its bound with the next flush; nearer the limit the check is refused, as
+//     without grants.
 //   - The owner merges the asker's value carried by the request, and grants, one request
 //     at a time (planMu), from what nobody holds as it knows (unheld: the limit less
 //     each node's bound, or count when larger; a node not heard from in this window holds

@@ -51,6 +51,9 @@ type simCluster struct {
 	// a network much faster than the sync interval); off, share mode as nodes of the
 	// previous release run it.
 	grants bool
+	// lostAsks: no request for room reaches another node; the asker falls back as when
+	// its wait ends unanswered (unless noFallBack).
+	lostAsks, noFallBack bool
 	// asked, given: the grants asked for and those that gave room; values: the values
 	// the nodes' flushes sent; packets: the messages, one per peer.
 	asked, given, values, packets int
@@ -104,6 +107,11 @@ func (s *simCluster) ask(i int, k limiter.Key, want uint32, sizeMS, endMS int64)
 	a, first, ok := n.rep.asks.start(k, sizeMS, endMS, now, 10)
 	if !ok || !first {
 		return false
+	}
+	if s.lostAsks {
+		took := !s.noFallBack && n.rep.fallBack(k, a, endMS, env)
+		n.rep.asks.end(k, a, 0)
+		return took
 	}
 	q := n.rep.request(k, a, want, now, 10)
 	q, err := decodeAsk(encodeAsk(q))
@@ -681,6 +689,60 @@ func TestSimFarBelowTheLimitAsksRarely(t *testing.T) {
 		})
 		if s.asked > 0 || s.refused[t0/s.windowMS()][1] > 0 {
 			t.Errorf("first window, phases %v: %d asks, %v refused", ph, s.asked, s.refused[t0/s.windowMS()])
+		}
+	}
+}
+
+// TestSimUnansweredAsks: when no request for room is answered in time (an owner too
+// slow to answer, lost packets), ten nodes on a key far below its limit, whose demand
+// outgrows the bounds set from the window before, still allow every check, each taking a member's part of the free room instead; without that they refuse
+// checks far below the limit. Near the limit an unanswered request refuses, and the
+// windows hold the limit.
+func TestSimUnansweredAsks(t *testing.T) {
+	even := make([]float64, 10)
+	for i := range even {
+		even[i] = 1
+	}
+	refusedIn := func(s *simCluster) (n int) {
+		for _, r := range s.refused {
+			for _, x := range r {
+				n += x
+			}
+		}
+		return n
+	}
+	for _, ph := range phaseSets() {
+		phases := []int64{ph[0], ph[1], ph[2]}
+		for _, fallBack := range []bool{true, false} {
+			s := newSim(10, 100, phases, true, 100000)
+			s.lostAsks, s.noFallBack = true, !fallBack
+			// Demand begins late in the first window: the next one's bounds, the
+			// demand of that part with the margin, are short of the whole window's.
+			load := mix(s, 0.02, even...)
+			s.run(4*s.windowMS(), func(now int64, i int) int {
+				if now < t0+s.windowMS()*6/10 {
+					return 0
+				}
+				return load(now, i)
+			})
+			refused := refusedIn(s)
+			t.Logf("phases %v, fallback %v: %d requests unanswered, %d checks refused", ph, fallBack, s.asked, refused)
+			switch {
+			case s.asked == 0:
+				t.Fatalf("phases %v: no request for room: the load does not test them", ph)
+			case fallBack && refused > 0:
+				t.Errorf("phases %v: %d checks refused far below the limit (%d requests unanswered)", ph, refused, s.asked)
+			case !fallBack && refused == 0:
+				t.Errorf("phases %v: no check refused without the fallback: the load does not test it", ph)
+			}
+		}
+		s := newSim(10, 100, phases, true, 1000)
+		s.lostAsks = true
+		s.run(4*s.windowMS(), mix(s, 2, even...))
+		for i, got := range s.windows(t0) {
+			if got > int(s.limit.Count) {
+				t.Errorf("phases %v: window %d allowed %d, limit %d", ph, i, got, s.limit.Count)
+			}
 		}
 	}
 }

@@ -482,6 +482,22 @@ type SlotView struct {
 	Granted *uint32 `json:"share_granted,omitempty"`
 }
 
+// takePart raises this node's bound of k in the window ending at endMS by a member's
+// part of what nobody holds, as it knows, when the nodes are projected to need a small
+// part of the limit (farBelow: every node taking its part takes what is free at most,
+// and the rest of the window leaves them far from the limit); it reports whether it did.
+// The caller holds planMu.
+func (s *slots) takePart(k limiter.Key, endMS int64, env shareEnv) bool {
+	snap, _ := s.lim.Lookup(k)
+	v, ok := s.shareView(k, snap, env)
+	if !ok || v.startMS+v.sizeMS != endMS || !v.self.claimed || !v.farBelow() {
+		return false
+	}
+	held := max(v.self.count, v.self.claim)
+	part := max(v.limit-held-v.othersHold(), 0) / int64(max(v.members, 1))
+	return part > 0 && s.lim.RaiseCap(k, v.sizeMS, endMS, uint32(min(part, math.MaxUint32-1)))
+}
+
 // grantRoom is the owner's grant (grant.go) to origin, asking for want hits of k in the
 // window ending at endMS, whose value it just merged: what nobody holds, as this node
 // knows, up to want or a member's part of it. The grant is held for origin (its slot's
