@@ -8,12 +8,14 @@ import (
 	"bytes"
 	"context"
 	"crypto/rand"
+	"encoding/binary"
 	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
 	"log"
 	"log/slog"
+	"math"
 	"net"
 	"os"
 	"slices"
@@ -56,6 +58,10 @@ type Config struct {
 	// waits for the key's owner to grant room (grant.go): DefaultGrantWait when zero;
 	// negative, no node asks.
 	GrantWait time.Duration
+	// GrantMaxLimit is the largest limit, in hits per window, whose counters the grants
+	// divide (DefaultGrantMaxLimit when zero); share mode alone divides larger ones.
+	// The members announce it, and each uses the smallest.
+	GrantMaxLimit uint32
 	// PushPullInterval is how often memberlist exchanges full state with a random peer
 	// (30 s when zero).
 	PushPullInterval time.Duration
@@ -169,12 +175,16 @@ func Start(cfg Config, lim *limiter.Limiter) (*Cluster, error) {
 	if cfg.GrantWait == 0 {
 		c.cfg.GrantWait = DefaultGrantWait
 	}
+	if cfg.GrantMaxLimit == 0 {
+		c.cfg.GrantMaxLimit = DefaultGrantMaxLimit
+	}
 	if c.grantsOn() {
 		// Without the grants nothing needs memberlist's handler free, and merging
 		// inline keeps the order and timing of merges as they were.
 		c.inbox = make(chan []byte, inboxDepth)
 	}
 	c.owners = newOwners(cfg.NodeName, c.nowMS(), max(cfg.SyncInterval.Milliseconds(), 1), max(c.cfg.GrantWait.Milliseconds(), 0))
+	c.owners.maxLimit = c.cfg.GrantMaxLimit
 	if cfg.ShareMode && c.cfg.GrantWait > 0 {
 		lim.OnBoundRefused(c.askRoom)
 	}
@@ -501,7 +511,7 @@ func (c *Cluster) shareEnv(now int64) shareEnv {
 	o := c.owners
 	c.ownersMu.Unlock()
 	if o.names != nil {
-		env.grants = true
+		env.grants, env.grantMax = true, o.maxLimit
 		env.owns = func(k limiter.Key) bool { return o.owns(c.lim.BucketName(k.Bucket), k.ID, now) }
 	}
 	return env
@@ -511,14 +521,17 @@ func (c *Cluster) shareEnv(now int64) shareEnv {
 func (c *Cluster) grantsOn() bool { return c.cfg.ShareMode && c.cfg.GrantWait > 0 }
 
 // updateOwners makes the owners again from the live members (the caller holds
-// membersMu): grants are on when every live member announces them, this node included.
+// membersMu): grants are on when every live member announces them, this node included,
+// for the limits up to the smallest GrantMaxLimit announced.
 func (c *Cluster) updateOwners() {
 	var names []string
 	on := c.grantsOn()
+	maxLimit := c.cfg.GrantMaxLimit
 	for name, n := range c.members {
 		if len(n.Meta) < 2 || n.Meta[1]&featureGrants == 0 {
 			on = false
 		}
+		maxLimit = min(maxLimit, announcedGrantMax(n.Meta))
 		names = append(names, name)
 	}
 	if !on {
@@ -528,6 +541,7 @@ func (c *Cluster) updateOwners() {
 	}
 	c.ownersMu.Lock()
 	defer c.ownersMu.Unlock()
+	c.owners.maxLimit = maxLimit
 	if !slices.Equal(names, c.owners.names) || (names == nil) != (c.owners.names == nil) {
 		if (names == nil) != (c.owners.names == nil) {
 			c.log.Info("share mode's grants", "on", names != nil, "members", len(c.members))
@@ -544,7 +558,7 @@ func (c *Cluster) askRoom(k limiter.Key, n uint32, sizeMS, endMS int64) bool {
 	k.ID = strings.Clone(k.ID)
 	now := c.nowMS()
 	env := c.shareEnv(now)
-	if !env.grants {
+	if snap, ok := c.lim.Lookup(k); !ok || !env.grantsFor(int64(snap.Limit)) {
 		return false
 	}
 	c.ownersMu.Lock()
@@ -723,14 +737,27 @@ func (c *Cluster) Debug(bucket, key string) DebugCounter {
 // delegate is the Cluster as memberlist's Delegate.
 type delegate Cluster
 
-// NodeMeta announces the newest sync message version this node reads, and whether it
-// asks and answers grants.
+// NodeMeta announces the newest sync message version this node reads, whether it asks
+// and answers grants, and the largest limit it runs them for.
 func (d *delegate) NodeMeta(int) []byte {
 	features := featureViewQuery
 	if d.c().grantsOn() {
 		features |= featureGrants
 	}
-	return []byte{version, features}
+	return binary.AppendUvarint([]byte{version, features}, uint64(d.c().cfg.GrantMaxLimit))
+}
+
+// announcedGrantMax is the largest limit a member's metadata says it runs the grants
+// for; a member that does not say (an earlier release) runs them for every limit.
+func announcedGrantMax(meta []byte) uint32 {
+	if len(meta) < 3 {
+		return math.MaxUint32
+	}
+	v, n := binary.Uvarint(meta[2:])
+	if n <= 0 || v == 0 {
+		return math.MaxUint32
+	}
+	return uint32(min(v, math.MaxUint32))
 }
 func (d *delegate) GetBroadcasts(int, int) [][]byte { return nil }
 func (d *delegate) c() *Cluster                     { return (*Cluster)(d) }

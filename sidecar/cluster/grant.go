@@ -32,6 +32,11 @@ const (
 	// DefaultGrantWait is how long a check refused by its bound waits for the owner's
 	// answer by default.
 	DefaultGrantWait = 25 * time.Millisecond
+	// DefaultGrantMaxLimit is the largest limit, in hits per window, whose counters the
+	// grants divide by default: where a member's part of what is left rounds to little
+	// (logins, tokens and resets count a few a minute). Larger limits are divided by
+	// share mode alone, which sends no request for room.
+	DefaultGrantMaxLimit = 100
 	// maxAsks bounds the keys a node waits on grants for at once.
 	maxAsks = 4096
 )
@@ -80,6 +85,9 @@ type owners struct {
 	prev                    []string
 	changedAt, startedAt    int64
 	settleMove, settleStart int64
+	// maxLimit is the largest limit the grants divide: the smallest the members
+	// announce.
+	maxLimit uint32
 }
 
 // newOwners returns the owners of a node starting at now, syncing every intervalMS and
@@ -359,7 +367,7 @@ func (r *replicator) request(k limiter.Key, a *ask, want uint32, now, waitMS int
 // owns says at env.now): 0.
 func (r *replicator) grant(q grantRequest, env shareEnv) (grantAnswer, bool) {
 	ans := grantAnswer{origin: r.origin, id: q.id, bucket: q.v.bucket, key: q.v.id, endMS: q.v.endMS}
-	if q.origin == r.origin || !env.grants || !r.share {
+	if q.origin == r.origin || !env.grantsFor(int64(q.v.limit)) || !r.share {
 		return ans, false
 	}
 	r.slots.planMu.Lock()

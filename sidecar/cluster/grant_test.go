@@ -1,7 +1,9 @@
 package cluster
 
 import (
+	"encoding/binary"
 	"fmt"
+	"math"
 	"testing"
 	"time"
 
@@ -177,5 +179,51 @@ func TestGrantMessages(t *testing.T) {
 	}
 	if _, err := decode(encodeAsk(q)); err == nil {
 		t.Error("an ask decoded as a sync message")
+	}
+}
+
+// TestGrantMaxLimitIsTheSmallestAnnounced: the grants divide the counters of limits up
+// to the smallest GrantMaxLimit the members announce, so that members configured
+// differently still agree on which counters the owner gives out; a member of an
+// earlier release announces none (every limit).
+func TestGrantMaxLimitIsTheSmallestAnnounced(t *testing.T) {
+	start := func(name string, maxLimit uint32, join []string) *Cluster {
+		c, err := Start(Config{NodeName: name, BindAddr: "127.0.0.1:0", Strategy: "static", Join: join,
+			SyncInterval: 100 * time.Millisecond, ShareMode: true, GrantMaxLimit: maxLimit, Logger: quiet},
+			limiter.New(limiter.Options{Replicated: true}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(c.Stop)
+		return c
+	}
+	a := start("a", 50, nil)
+	if env := a.shareEnv(a.nowMS()); !env.grantsFor(50) || env.grantsFor(51) {
+		t.Errorf("alone: grants for 50 %v, for 51 %v; want true, false", env.grantsFor(50), env.grantsFor(51))
+	}
+	b := start("b", 20, []string{a.ml.LocalNode().Address()})
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		ea, eb := a.shareEnv(a.nowMS()), b.shareEnv(b.nowMS())
+		if ea.grantMax == 20 && eb.grantMax == 20 && ea.grantsFor(20) && !ea.grantsFor(21) && eb.grantsFor(20) && !eb.grantsFor(21) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("a's largest limit with grants %d, b's %d; want 20 on both", ea.grantMax, eb.grantMax)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	for _, c := range []struct {
+		meta []byte
+		want uint32
+	}{
+		{[]byte{version, featureGrants}, math.MaxUint32},
+		{[]byte{version, featureGrants, 0}, math.MaxUint32},
+		{binary.AppendUvarint([]byte{version, featureGrants}, 100), 100},
+		{[]byte{version, featureGrants, 0x80}, math.MaxUint32}, // truncated
+	} {
+		if got := announcedGrantMax(c.meta); got != c.want {
+			t.Errorf("announcedGrantMax(%x) = %d, want %d", c.meta, got, c.want)
+		}
 	}
 }

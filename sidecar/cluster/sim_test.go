@@ -169,7 +169,7 @@ func (s *simCluster) envOf(i int, now int64) shareEnv {
 	if s.grants {
 		o := &owners{self: s.nodes[i].name, names: s.liveNames(), changedAt: t0 - minute, startedAt: t0 - minute}
 		lim := s.nodes[i].lim
-		env.grants = true
+		env.grants, env.grantMax = true, math.MaxUint32
 		env.owns = func(k limiter.Key) bool { return o.owns(lim.BucketName(k.Bucket), k.ID, now) }
 	}
 	return env

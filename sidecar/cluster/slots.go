@@ -302,6 +302,14 @@ type shareEnv struct {
 	// whether this node owns a key now, and may grant from it.
 	grants bool
 	owns   func(k limiter.Key) bool
+	// grantMax is the largest limit the grants divide; share mode alone divides the
+	// counters of larger ones.
+	grantMax uint32
+}
+
+// grantsFor says the grants divide a counter of the given limit.
+func (e shareEnv) grantsFor(limit int64) bool {
+	return e.grants && limit > 0 && limit <= int64(e.grantMax)
 }
 
 // shareTick runs share mode (share.go) for the keys merged or counted since the last
@@ -373,7 +381,7 @@ func (s *slots) shareView(k limiter.Key, snap limiter.Snapshot, env shareEnv) (v
 	}
 	start := env.now / size * size
 	end := start + size
-	v = shareView{now: env.now, startMS: start, sizeMS: size, intervalMS: env.intervalMS, limit: int64(snap.Limit), members: env.members, grants: env.grants}
+	v = shareView{now: env.now, startMS: start, sizeMS: size, intervalMS: env.intervalMS, limit: int64(snap.Limit), members: env.members, grants: env.grantsFor(int64(snap.Limit))}
 
 	// This node: its snapshot is of the window it last counted in.
 	own := uint64(snap.Own) + uint64(snap.Refused)

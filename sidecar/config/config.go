@@ -42,10 +42,14 @@ type Config struct {
 	// of a cluster that count it.
 	ShareMode bool
 	// GrantWait (RATE_LIMIT_GRANT_WAIT_MS) is how long a check refused by its share-mode
-	// bound below the limit waits for the key's owner to grant room; 0 (the default)
-	// never asks, and the node does not take part in the owner's grants.
+	// bound below the limit waits for the key's owner to grant room (25 ms by default);
+	// 0 never asks, and the node does not take part in the owner's grants.
 	GrantWait time.Duration
-	Cluster   Cluster
+	// GrantMaxLimit (RATE_LIMIT_GRANT_MAX_LIMIT) is the largest limit, in hits per
+	// window, whose counters the owner's grants divide (100 by default); share mode
+	// alone divides larger ones.
+	GrantMaxLimit uint32
+	Cluster       Cluster
 	// ClockOffset shifts the sidecar's wall clock (SIDECAR_TEST_CLOCK_OFFSET_MS): a test
 	// hook for a node whose clock is off.
 	ClockOffset time.Duration
@@ -155,6 +159,8 @@ func Load(getenv func(string) string) (*Config, error) {
 		HTTPAddr:      orDefault(getenv("SIDECAR_HTTP_ADDR"), DefaultHTTPAddr),
 		DatabaseURL:   strings.TrimSpace(getenv("DATABASE_URL")),
 		SyncInterval:  100 * time.Millisecond,
+		GrantWait:     25 * time.Millisecond,
+		GrantMaxLimit: 100,
 		Limits:        map[string]buckets.Limit{},
 		OverrideTTL:   30 * time.Second,
 		CleanPeriod:   60 * time.Second,
@@ -203,6 +209,13 @@ func Load(getenv func(string) string) (*Config, error) {
 			return nil, fmt.Errorf("RATE_LIMIT_GRANT_WAIT_MS=%q: must be whole milliseconds from 0 (never ask) to 1000", v)
 		}
 		c.GrantWait = time.Duration(ms) * time.Millisecond
+	}
+	if v := strings.TrimSpace(getenv("RATE_LIMIT_GRANT_MAX_LIMIT")); v != "" {
+		n, err := strconv.ParseUint(v, 10, 32)
+		if err != nil || n == 0 {
+			return nil, fmt.Errorf("RATE_LIMIT_GRANT_MAX_LIMIT=%q: must be a whole number of hits per window from 1 to %d", v, uint32(math.MaxUint32))
+		}
+		c.GrantMaxLimit = uint32(n)
 	}
 
 	if c.TrustedProxies, err = clientip.Load(getenv); err != nil {

@@ -62,6 +62,8 @@ func TestDefaults(t *testing.T) {
 		{"HTTPMaxConns", c.HTTPMaxConns, 0},
 		{"HTTPMaxConnsPerIP", c.HTTPMaxConnsPerIP, 512},
 		{"GCHeadroomMB", c.GCHeadroomMB, 128},
+		{"GrantWait", c.GrantWait, 25 * time.Millisecond},
+		{"GrantMaxLimit", c.GrantMaxLimit, uint32(100)},
 	} {
 		if f.got != f.want {
 			t.Errorf("%s = %v, want %v", f.name, f.got, f.want)
@@ -93,6 +95,8 @@ func TestValidEnvironment(t *testing.T) {
 		"RATE_LIMIT_BACKEND":          "local",
 		"CLUSTER_STRATEGY":            "none",
 		"RATE_LIMIT_SYNC_INTERVAL_MS": "250",
+		"RATE_LIMIT_GRANT_WAIT_MS":    "0",
+		"RATE_LIMIT_GRANT_MAX_LIMIT":  "1000",
 		"TRUSTED_PROXIES":             "10.0.0.0/8, 192.168.1.7 ,::ffff:172.16.0.0/108",
 		"TOKEN_VERIFY_KEYS":           key1 + "," + key2,
 		"LOG_LEVEL":                   "DEBUG",
@@ -117,6 +121,9 @@ func TestValidEnvironment(t *testing.T) {
 	}
 	if c.Verifier == nil {
 		t.Error("TOKEN_VERIFY_KEYS set but no verifier")
+	}
+	if c.GrantWait != 0 || c.GrantMaxLimit != 1000 {
+		t.Errorf("GrantWait %v, GrantMaxLimit %d", c.GrantWait, c.GrantMaxLimit)
 	}
 }
 
@@ -145,6 +152,11 @@ func TestInvalidEnvironment(t *testing.T) {
 		{"CLUSTER_STRATEGY", "dns"},
 		{"CLUSTER_STRATEGY", "mesh"},
 		{"RATE_LIMIT_SYNC_INTERVAL_MS", "0"},
+		{"RATE_LIMIT_GRANT_MAX_LIMIT", "0"},
+		{"RATE_LIMIT_GRANT_MAX_LIMIT", "-5"},
+		{"RATE_LIMIT_GRANT_MAX_LIMIT", "4294967296"},
+		{"RATE_LIMIT_GRANT_MAX_LIMIT", "ten"},
+		{"RATE_LIMIT_GRANT_WAIT_MS", "1001"},
 		{"RATE_LIMIT_SYNC_INTERVAL_MS", "-1"},
 		{"RATE_LIMIT_SYNC_INTERVAL_MS", "abc"},
 		{"RATE_LIMIT_SYNC_INTERVAL_MS", "1.5"},
