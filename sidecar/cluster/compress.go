@@ -61,9 +61,14 @@ var (
 
 // compress3 returns the version 3 form of a version 2 message.
 func compress3(msg []byte) []byte {
+	return deflate([]byte{version3}, msg)
+}
+
+// deflate returns head followed by msg compressed with DEFLATE.
+func deflate(head, msg []byte) []byte {
 	var buf bytes.Buffer
-	buf.Grow(len(msg)/2 + 16)
-	buf.WriteByte(version3)
+	buf.Grow(len(head) + len(msg)/2 + 16)
+	buf.Write(head)
 	w := deflaters.Get().(*flate.Writer)
 	w.Reset(&buf)
 	_, _ = w.Write(msg) // a bytes.Buffer does not fail
@@ -77,6 +82,15 @@ var errTooLarge = errors.New("cluster message inflates beyond its bound")
 // inflate3 returns the version 2 message inside a version 3 one (b without its version
 // byte).
 func inflate3(b []byte) ([]byte, error) {
+	out, err := inflate(b)
+	if err == nil && (len(out) == 0 || out[0] != version2) {
+		return nil, errMalformed
+	}
+	return out, err
+}
+
+// inflate returns what b, compressed with DEFLATE, holds: at most maxInflated bytes.
+func inflate(b []byte) ([]byte, error) {
 	r := inflaters.Get().(io.ReadCloser)
 	defer inflaters.Put(r)
 	if err := r.(flate.Resetter).Reset(bytes.NewReader(b), nil); err != nil {
@@ -88,8 +102,6 @@ func inflate3(b []byte) ([]byte, error) {
 		return nil, errMalformed
 	case len(out) > maxInflated:
 		return nil, errTooLarge
-	case len(out) == 0 || out[0] != version2:
-		return nil, errMalformed
 	}
 	return out, nil
 }

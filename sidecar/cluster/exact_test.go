@@ -1,6 +1,7 @@
 package cluster
 
 import (
+	"slices"
 	"testing"
 	"time"
 )
@@ -33,9 +34,11 @@ func checksAt(evs ...simEvent) func(now int64, i int) int {
 // runExact runs evs on a fresh key of n nodes (limit per minute, 100 ms sync, the
 // nodes' flushes at the given phases), starting startMS into a minute window, and
 // returns what each node allowed in that window.
-func runExact(n int, limit uint32, phases []int64, startMS int64, evs []simEvent) []int {
+func runExact(n int, limit uint32, phases []int64, startMS int64, evs []simEvent, relay bool) []int {
 	s := newSim(n, 100, phases, true, limit)
+	s.relay = relay
 	s.limit.Window = time.Minute
+	evs = slices.Clone(evs)
 	for i := range evs {
 		evs[i].atMS += startMS
 	}
@@ -65,9 +68,11 @@ func TestExactSplitUseThenANewNode(t *testing.T) {
 			for j := range 3 {
 				evs = append(evs, simEvent{atMS: 609 + int64(j), node: 2, count: 1})
 			}
-			got := runExact(3, 10, phases, start, evs)
-			if got[0] != 4 || got[1] != 4 || got[2] != 2 {
-				t.Errorf("phases %v, %d ms into the window: allowed %v, want [4 4 2]", ph, start, got)
+			for _, relay := range replications {
+				got := runExact(3, 10, phases, start, evs, relay)
+				if got[0] != 4 || got[1] != 4 || got[2] != 2 {
+					t.Errorf("%s, phases %v, %d ms into the window: allowed %v, want [4 4 2]", mode(relay), ph, start, got)
+				}
 			}
 		}
 	}
@@ -83,17 +88,19 @@ func TestExactLastOfASmallLimitOn20Nodes(t *testing.T) {
 			phases[i] = int64(i*37) % 100
 		}
 		evs := []simEvent{{0, 3, 1}, {300, 7, 1}, {600, 12, 1}, {900, 19, 1}, {1500, asker, 3}}
-		got := runExact(20, 5, phases, 30_000, evs)
-		total := 0
-		for _, a := range got {
-			total += a
-		}
-		want := 1
-		if asker == 3 || asker == 19 {
-			want = 2 // its earlier check too
-		}
-		if total != 5 || got[asker] != want {
-			t.Errorf("asker n%d: allowed %v (%d in all), want 5 in all and %d by the asker", asker+1, got, total, want)
+		for _, relay := range replications {
+			got := runExact(20, 5, phases, 30_000, evs, relay)
+			total := 0
+			for _, a := range got {
+				total += a
+			}
+			want := 1
+			if asker == 3 || asker == 19 {
+				want = 2 // its earlier check too
+			}
+			if total != 5 || got[asker] != want {
+				t.Errorf("%s, asker n%d: allowed %v (%d in all), want 5 in all and %d by the asker", mode(relay), asker+1, got, total, want)
+			}
 		}
 	}
 }
@@ -112,9 +119,11 @@ func TestExactDemandMovesSlowly(t *testing.T) {
 				asked += per
 				at += 350
 			}
-			got := runExact(3, limit, []int64{0, 33, 67}, 10_000, evs)
-			if total := got[0] + got[1] + got[2]; total != int(limit) {
-				t.Errorf("limit %d, %d checks a turn: allowed %v, %d in all, want %d", limit, per, got, total, limit)
+			for _, relay := range replications {
+				got := runExact(3, limit, []int64{0, 33, 67}, 10_000, evs, relay)
+				if total := got[0] + got[1] + got[2]; total != int(limit) {
+					t.Errorf("%s, limit %d, %d checks a turn: allowed %v, %d in all, want %d", mode(relay), limit, per, got, total, limit)
+				}
 			}
 		}
 	}
@@ -137,9 +146,11 @@ func TestExactSparseOverload(t *testing.T) {
 					}
 					evs = append(evs, simEvent{atMS: at, node: node, count: 1})
 				}
-				got := runExact(3, 10, []int64{ph[0], ph[1], ph[2]}, 1000, evs)
-				if total := got[0] + got[1] + got[2]; total != 10 {
-					t.Errorf("%d checks, moving %v, phases %v: allowed %v, want 10", load, moving, ph, got)
+				for _, relay := range replications {
+					got := runExact(3, 10, []int64{ph[0], ph[1], ph[2]}, 1000, evs, relay)
+					if total := got[0] + got[1] + got[2]; total != 10 {
+						t.Errorf("%s, %d checks, moving %v, phases %v: allowed %v, want 10", mode(relay), load, moving, ph, got)
+					}
 				}
 			}
 		}

@@ -351,7 +351,8 @@ func (as *asks) sweep(now int64) {
 func (r *replicator) request(k limiter.Key, a *ask, want uint32, now, waitMS int64) grantRequest {
 	v := value{bucket: r.lim.BucketName(k.Bucket), id: k.ID, sizeMS: a.sizeMS, endMS: a.endMS, share: true}
 	if s, ok := r.lim.Lookup(k); ok && s.SizeMS == a.sizeMS && s.EndMS == a.endMS {
-		v.count, v.refused, v.limit = s.Own, s.Refused, s.Limit
+		// The hits asked for are noted as refused until the answer: they are not yet.
+		v.count, v.refused, v.limit = s.Own, s.Refused-min(s.Refused, want), s.Limit
 	} else if ok {
 		v.limit = s.Limit
 	}
@@ -410,7 +411,13 @@ func (r *replicator) grantSelf(k limiter.Key, want uint32, endMS int64, env shar
 // Nearer the limit the check is refused: only the owner gives out the last of it.
 func (r *replicator) fallBack(k limiter.Key, a *ask, endMS int64, env shareEnv) bool {
 	r.slots.planMu.Lock()
-	took := r.slots.takePart(k, endMS, env)
+	var took bool
+	if env.relay && !env.owned(k, r.lim) {
+		// Owner replication: the part the owner's last summary offered, once.
+		took = r.slots.takeAggPart(k, a.sizeMS, endMS)
+	} else {
+		took = r.slots.takePart(k, endMS, env)
+	}
 	r.slots.planMu.Unlock()
 	if !took {
 		return false

@@ -45,6 +45,9 @@ type sentAt struct {
 // allow for (their horizon is the wait).
 func lazyAfter(env shareEnv, sizeMS int64) int64 {
 	wait := min(lazyIntervals*env.intervalMS, sizeMS/10)
+	if env.relay {
+		return wait // a value goes to one owner, whatever N (relay.go)
+	}
 	if peers := int64(env.members - 1); peers > 2 {
 		wait = min(wait*peers/2, sizeMS/2)
 	}

@@ -2,6 +2,7 @@ package cluster
 
 import (
 	"slices"
+	"sync"
 
 	"github.com/converger/edge/sidecar/limiter"
 )
@@ -25,18 +26,39 @@ type replicator struct {
 	sent    map[limiter.Key]sentAt
 	waiting map[limiter.Key]int64 // when due
 	sweptAt int64
+	// Owner replication (relay.go): the owners and the mode of the last flush, the owned
+	// keys whose summaries wait (by when due), and those planned at every flush (a member
+	// holds more than it counted, or is bound in the next window).
+	lastNames  []string
+	lastRelay  bool
+	sumWaiting map[limiter.Key]int64
+	sumRecheck map[limiter.Key]struct{}
+	// awaiting holds the keys this node sent a first value of a window to their owner
+	// and has had no summary of since (by when sent); silent the owners that let one
+	// wait longer than ownerWait (by when noticed), until they are heard from.
+	awaitMu  sync.Mutex
+	awaiting map[limiter.Key]int64
+	silent   map[string]int64
 }
 
 func newReplicator(lim *limiter.Limiter, origin string, share bool) *replicator {
 	return &replicator{lim: lim, origin: origin, slots: newSlots(lim, origin), share: share,
-		sent: map[limiter.Key]sentAt{}, waiting: map[limiter.Key]int64{}}
+		sent: map[limiter.Key]sentAt{}, waiting: map[limiter.Key]int64{},
+		sumWaiting: map[limiter.Key]int64{}, sumRecheck: map[limiter.Key]struct{}{},
+		awaiting: map[limiter.Key]int64{}, silent: map[string]int64{}}
 }
 
 // flushResult is what one flush did.
 type flushResult struct {
-	values  []value // this node's values to send
+	values  []value // this node's values to send (to every member, or to their owners)
 	changed int     // counters counted (or refused) since the last flush
 	capped  int     // counters share mode bound
+	// Owner replication (relay.go): this node's values by the owner they go to, the
+	// summaries by the member they go to, and other origins' counts relayed to new
+	// owners, by owner and origin.
+	routed    map[string][]value
+	summaries map[string][]summaryEntry
+	relays    map[string]map[string][]value
 }
 
 // flush returns the values to send at env.now: this node's own value of every counter
@@ -51,6 +73,35 @@ func (r *replicator) flush(env shareEnv) flushResult {
 	touched := r.slots.tick(env.now)
 	var res flushResult
 	res.changed = len(keys)
+	if env.relay != r.lastRelay || !slices.Equal(env.names, r.lastNames) {
+		// The owners changed: this node's values go again, to the new owners.
+		var again []limiter.Key
+		again, res.relays = r.reroute(env)
+		keys = append(keys, again...)
+	}
+	// In owner replication the keys this node owns are not sent: its summaries tell
+	// their members (summarize).
+	var owned map[limiter.Key]struct{}
+	if env.relay {
+		owned = map[limiter.Key]struct{}{}
+		theirs := keys[:0:0]
+		for _, k := range keys {
+			if env.owned(k, r.lim) {
+				owned[k] = struct{}{}
+			} else {
+				theirs = append(theirs, k)
+			}
+		}
+		keys = theirs
+		for k := range touched {
+			if env.owned(k, r.lim) {
+				owned[k] = struct{}{}
+			}
+		}
+		for k := range r.sumRecheck {
+			owned[k] = struct{}{}
+		}
+	}
 	// The counted keys whose value can wait (lazy.go) are sent later, at the latest
 	// lazyAfter after their last value; those whose wait is over are due now.
 	urgent := keys[:0:0]
@@ -69,9 +120,15 @@ func (r *replicator) flush(env shareEnv) flushResult {
 		for _, k := range slices.Concat(urgent, due) {
 			changed[k] = struct{}{} // sent by this flush
 		}
+		for k := range owned {
+			touched[k] = struct{}{}
+		}
 		res.capped, bounds = r.slots.shareTick(touched, changed, env)
 		bounds = append(bounds, r.asks.due(env.now)...)
 		r.asks.sweep(env.now)
+	}
+	if env.relay {
+		res.summaries = r.summarize(owned, env)
 	}
 	done := make(map[limiter.Key]struct{}, len(keys)+len(r.resend)+len(bounds)+len(due))
 	var resend []limiter.Key
@@ -80,6 +137,9 @@ func (r *replicator) flush(env shareEnv) flushResult {
 			continue
 		}
 		done[k] = struct{}{}
+		if env.relay && env.owned(k, r.lim) {
+			continue // its members hear of it from the summaries
+		}
 		s, ok := r.lim.Lookup(k)
 		if !ok || s.SizeMS <= 0 {
 			continue
@@ -90,11 +150,17 @@ func (r *replicator) flush(env shareEnv) flushResult {
 			s = limiter.Snapshot{SizeMS: s.SizeMS, EndMS: end, Limit: s.Limit}
 		}
 		if s.Own == 0 && s.Refused == 0 {
-			if i >= len(bounds) {
+			switch {
+			case i < len(bounds):
+				// A bound sent alone.
+				s.Cap, s.Capped = r.lim.CapIn(k, s.SizeMS, end)
+			case env.relay && !r.slots.known(k, s.SizeMS, end):
+				// Read here (Peek), not counted: a value of 0 asks the owner for the
+				// count (relay.go).
+				s.Cap, s.Capped = r.lim.CapIn(k, s.SizeMS, end)
+			default:
 				continue // nothing of ours to send
 			}
-			// A bound sent alone.
-			s.Cap, s.Capped = r.lim.CapIn(k, s.SizeMS, end)
 		}
 		res.values = append(res.values, value{
 			bucket: r.lim.BucketName(k.Bucket), id: k.ID, sizeMS: s.SizeMS, endMS: s.EndMS, count: s.Own,
@@ -108,6 +174,14 @@ func (r *replicator) flush(env shareEnv) flushResult {
 		}
 	}
 	r.resend = resend
+	if env.relay {
+		res.routed = map[string][]value{}
+		for _, v := range res.values {
+			to := env.ownerOf(v.bucket, v.id)
+			res.routed[to] = append(res.routed[to], v)
+		}
+		r.awaitOwners(res.values, env)
+	}
 	if env.now-r.sweptAt >= 1000 {
 		r.sweepSent(env.now)
 		r.sweptAt = env.now

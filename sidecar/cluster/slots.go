@@ -45,6 +45,9 @@ type slots struct {
 
 type keyState struct {
 	slots []slot
+	// agg is the other origins' count as the key's owner last reported it to this node
+	// (relay.go), in up to two windows (a sender's clock may be ahead).
+	agg [2]aggregate
 	// This node's own demand (count and refused hits) as share mode last saw it: in the
 	// window ending at ownEnd, and in the window before it (ownPrevEnd).
 	ownSizeMS          int64
@@ -77,6 +80,22 @@ type slot struct {
 	// applies a grant), or one with a bound as high, shows its own (grant.go).
 	floor      uint32
 	floorUntil int64
+	// What this node, the key's owner, last sent the origin in a summary (relay.go): when
+	// (0: nothing yet in this window), the others' count, its own, the part offered, and
+	// the bounds.
+	sumAt                      int64
+	sumOthers, sumOwn, sumPart uint32
+	sumBounds                  bounds
+	// mergedAt is when the origin's last value with share mode's fields was merged
+	// here (this node's clock).
+	mergedAt int64
+}
+
+// aggregate is the other origins' count of a key in one window as its owner reported
+// it, and the part of the free room the owner offered (relay.go).
+type aggregate struct {
+	sizeMS, endMS int64
+	others, part  uint32
 }
 
 // demand is what the origin was asked for in the slot's window: its count and the hits
@@ -167,6 +186,11 @@ func (s *slots) merge(origin string, v value, sentAt, now int64) mergeResult {
 	if !found {
 		ks.slots = append(ks.slots, newSlot(oid, v, sentAt))
 	}
+	if v.share {
+		if sl := ks.slotOf(oid, v.endMS); sl != nil {
+			sl.mergedAt = now
+		}
+	}
 	s.touched[k] = struct{}{}
 	s.publishLocked(k, ks, v.sizeMS, v.endMS, now)
 	return merged
@@ -226,6 +250,11 @@ func (s *slots) publishLocked(k limiter.Key, ks *keyState, sizeMS, endMS, now in
 			sum += uint64(sl.count)
 		}
 	}
+	// The owner's count of the others and the slots held here both count only hits that
+	// happened, each missing some: the larger misses fewer.
+	if a := ks.aggOf(sizeMS, endMS); a != nil {
+		sum = max(sum, uint64(a.others))
+	}
 	s.lim.SetRemote(k, sizeMS, endMS, uint32(min(sum, math.MaxUint32)))
 }
 
@@ -236,12 +265,23 @@ func (s *slots) tick(now int64) map[limiter.Key]struct{} {
 	defer s.mu.Unlock()
 	for k := range s.pending {
 		ks := s.keys[k]
+		if ks == nil {
+			delete(s.pending, k)
+			continue
+		}
 		future := false
 		for _, sl := range ks.slots {
 			if sl.endMS-sl.sizeMS > now {
 				future = true
 			} else if sl.endMS > now {
 				s.publishLocked(k, ks, sl.sizeMS, sl.endMS, now)
+			}
+		}
+		for _, a := range ks.agg {
+			if a.endMS-a.sizeMS > now {
+				future = true
+			} else if a.endMS > now {
+				s.publishLocked(k, ks, a.sizeMS, a.endMS, now)
 			}
 		}
 		if !future {
@@ -269,7 +309,8 @@ func (s *slots) sweep(now int64) {
 			}
 		}
 		ks.slots = live
-		if len(live) == 0 && ks.ownEnd+ks.ownSizeMS <= now {
+		aggLive := ks.agg[0].endMS > now || ks.agg[1].endMS > now
+		if len(live) == 0 && !aggLive && ks.ownEnd+ks.ownSizeMS <= now {
 			delete(s.keys, k)
 			delete(s.pending, k)
 			delete(s.recheck, k)
@@ -305,6 +346,21 @@ type shareEnv struct {
 	// grantMax is the largest limit the grants divide; share mode alone divides the
 	// counters of larger ones.
 	grantMax uint32
+	// relay says every live member runs owner replication (relay.go); names are the live
+	// members owners are chosen among (nil: neither grants nor owner replication), self
+	// this node's name, and waitMS the grants' wait.
+	relay  bool
+	names  []string
+	self   string
+	waitMS int64
+}
+
+// ownerOf is the owner of a key of the bucket named among the env's owners ("": none).
+func (e shareEnv) ownerOf(bucket, id string) string {
+	if e.names == nil {
+		return ""
+	}
+	return ownerOf(bucket, id, e.names)
 }
 
 // grantsFor says the grants divide a counter of the given limit.
@@ -317,7 +373,17 @@ func (e shareEnv) grantsFor(limit int64) bool {
 // It returns how many it bound, and the other keys whose bound is to be sent now.
 func (s *slots) shareTick(keys, changed map[limiter.Key]struct{}, env shareEnv) (capped int, send []limiter.Key) {
 	for k := range keys {
+		if env.relay && !(env.owned(k, s.lim) && env.owns(k)) {
+			// Owner replication: the key's owner plans this node's bounds (relay.go), and
+			// a new owner only once it has settled.
+			s.mu.Lock()
+			delete(s.recheck, k)
+			s.mu.Unlock()
+			continue
+		}
+		// The owner's own bound goes to nobody: its plans of the members read it here.
 		_, sending := changed[k]
+		sending = sending || env.relay
 		s.planMu.Lock()
 		p, held := s.share(k, env, sending)
 		s.planMu.Unlock()
@@ -452,7 +518,17 @@ func (s *slots) shareView(k limiter.Key, snap limiter.Snapshot, env shareEnv) (v
 		}
 		v.peers = append(v.peers, n)
 	}
+	// A key's owner may count none of it: the limit is then the others'.
+	v.grants = env.grantsFor(v.limit)
 	return v, v.limit > 0
+}
+
+// known reports whether k's owner has reported the others' count in the window of
+// sizeMS ending at endMS (relay.go).
+func (s *slots) known(k limiter.Key, sizeMS, endMS int64) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.keys[k].aggOf(sizeMS, endMS) != nil
 }
 
 // view returns k's slots with their origins' names, for the debug endpoint.

@@ -71,6 +71,9 @@ type Limiter struct {
 	// boundRefused, when set, is asked for more room when share mode's bound refuses
 	// hits the limit would allow (OnBoundRefused).
 	boundRefused atomic.Pointer[func(k Key, n uint32, sizeMS, endMS int64) bool]
+	// unknown, when set, is told of a counter before its first hit of a window that
+	// nothing is known of (OnUnknown).
+	unknown atomic.Pointer[func(k Key, limit uint32, sizeMS, endMS int64)]
 }
 
 type shard struct {
@@ -208,7 +211,12 @@ func (l *Limiter) NowMS() int64 { return l.now() }
 // so the caller may build it in a buffer it reuses.
 func (l *Limiter) Check(k Key, n uint32, lim Limit) Result {
 	now, w, end := l.window(lim)
-	ext, own, ok := l.add(k, n, w, end, windowMS(lim), true)
+	ext, own, ok, unknown := l.add(k, n, w, end, windowMS(lim), true, l.unknown.Load() != nil)
+	if unknown {
+		// Nothing is known of the counter in this window: it may be bound first.
+		l.probe(k, ext, lim.Count, w, windowMS(lim), end)
+		ext, own, ok, _ = l.add(k, n, w, end, windowMS(lim), true, false)
+	}
 	if ext == nil {
 		return decide(own <= lim.Count, own, lim, now, end)
 	}
@@ -232,7 +240,7 @@ const maxAsks = 3
 // addAgain adds n hits to k again after room was granted, and takes back the note of
 // the first try that they were refused.
 func (l *Limiter) addAgain(k Key, ext *replica, n, w uint32, end, size int64) (uint32, bool) {
-	_, own, ok := l.add(k, n, w, end, size, true)
+	_, own, ok, _ := l.add(k, n, w, end, size, true, false)
 	// Refused or not this time, the first try noted the hits as refused once too many.
 	ext.unnoteRefused(n, w)
 	return own, ok
@@ -257,7 +265,7 @@ func (l *Limiter) askRoom(k Key, n uint32, sizeMS, endMS int64) bool {
 // Record adds n hits to k without deciding: the result is always allowed.
 func (l *Limiter) Record(k Key, n uint32, lim Limit) Result {
 	now, w, end := l.window(lim)
-	ext, own, _ := l.add(k, n, w, end, windowMS(lim), false)
+	ext, own, _, _ := l.add(k, n, w, end, windowMS(lim), false, false)
 	if ext != nil {
 		own = ext.total(own, w)
 		ext.noteLimit(lim.Count)
@@ -272,15 +280,33 @@ func (l *Limiter) Peek(k Key, lim Limit) Result {
 	var count uint32
 	s := l.shard(k)
 	s.mu.RLock()
-	if e := s.get(k); e != nil {
+	e := s.get(k)
+	known := false
+	if e != nil {
 		count, _ = e.current(w, windowMS(lim))
 		if e.ext != nil {
+			known = count > 0 || e.ext.remoteIn(w)
 			count = e.ext.total(count, w)
 		}
 	}
 	s.mu.RUnlock()
+	if !known && l.replicated && l.unknown.Load() != nil {
+		l.interest(k, lim, end)
+	}
 	count -= min(count, l.refunded(k, w, windowMS(lim)))
 	return decide(count < lim.Count, count, lim, now, end)
+}
+
+// interest lists k for the next sync (DrainChanged) with nothing counted: read here and
+// not known, so that the cluster asks for its count (a node that only reads a counter
+// is sent the others' counts of it).
+func (l *Limiter) interest(k Key, lim Limit, end int64) {
+	e := l.replicaEntry(k, windowMS(lim), end)
+	if e == nil {
+		return
+	}
+	e.ext.noteLimit(lim.Count)
+	l.shard(k).noteChanged(k, e, e.ext)
 }
 
 func decide(allowed bool, count uint32, lim Limit, now, end int64) Result {
@@ -316,22 +342,28 @@ func (l *Limiter) shard(k Key) *shard {
 // add adds n to k's count in window w and returns its replica (nil when local) and new count. With
 // capped, a share-mode bound on this node's count applies: hits over it are refused
 // without counting (ok false), so they do not use up the other nodes' budget, and are
-// noted as refused, so that share mode knows what this node was asked for.
+// noted as refused, so that share mode knows what this node was asked for. With probe,
+// a replicated counter nothing is known of in window w, not probed there yet, is left
+// as it is (unknown): the caller probes it (OnUnknown) and adds again.
 //
 // The entry's line is contended when many requests share a key: everything the caller
 // needs of it (ext, immutable) is read before the CAS, nothing after.
-func (l *Limiter) add(k Key, n uint32, w uint32, end int64, size int64, capped bool) (ext *replica, count uint32, ok bool) {
+func (l *Limiter) add(k Key, n uint32, w uint32, end int64, size int64, capped, probe bool) (ext *replica, count uint32, ok, unknown bool) {
 	s := l.shard(k)
 	s.mu.RLock()
 	e := s.get(k)
 	if e != nil {
 		ext = e.ext
+		if probe && ext != nil && ext.unknownIn(e, w, size) {
+			s.mu.RUnlock()
+			return ext, 0, false, true
+		}
 		count, ok = e.add(n, w, end, size, maxOwn(ext, w, capped))
 		if ext != nil {
 			s.noteAdded(k, e, ext, n, w, ok)
 		}
 		s.mu.RUnlock()
-		return ext, count, ok
+		return ext, count, ok, false
 	}
 	s.mu.RUnlock()
 
@@ -341,12 +373,37 @@ func (l *Limiter) add(k Key, n uint32, w uint32, end int64, size int64, capped b
 		e = s.insert(k, l.replicated)
 	}
 	ext = e.ext
+	if probe && ext != nil && ext.unknownIn(e, w, size) {
+		s.mu.Unlock()
+		return ext, 0, false, true
+	}
 	count, ok = e.add(n, w, end, size, maxOwn(ext, w, capped))
 	if ext != nil {
 		s.noteAdded(k, e, ext, n, w, ok)
 	}
 	s.mu.Unlock()
-	return ext, count, ok
+	return ext, count, ok, false
+}
+
+// OnUnknown sets f to be called, on the checking goroutine, before the first hit of a
+// window is counted (Check, Take) on a replicated counter this node knows nothing of in
+// that window: no share-mode bound, no count of the other nodes', none of its own. f may
+// bound the counter there (SetCap; at 0, the hit then asks for room: OnBoundRefused). It
+// is called at most once per counter and window.
+func (l *Limiter) OnUnknown(f func(k Key, limit uint32, sizeMS, endMS int64)) {
+	l.unknown.Store(&f)
+}
+
+// probe calls the OnUnknown function for k in window w, once.
+func (l *Limiter) probe(k Key, ext *replica, limit uint32, w uint32, sizeMS, endMS int64) {
+	word := uint64(w)<<32 | 1
+	if old := ext.probed.Load(); old == word || !ext.probed.CompareAndSwap(old, word) {
+		return
+	}
+	ext.noteLimit(limit)
+	if f := l.unknown.Load(); f != nil {
+		(*f)(k, limit, sizeMS, endMS)
+	}
 }
 
 func maxOwn(ext *replica, w uint32, capped bool) uint32 {

@@ -25,6 +25,27 @@ type replica struct {
 	keepMS  atomic.Int64
 	limit   atomic.Uint32 // the limit of the last Check or Record
 	changed atomic.Uint32 // 1 while on the shard's changed list
+	// probed holds the window of the last OnUnknown call: window | 1.
+	probed atomic.Uint64
+}
+
+// unknownIn reports that nothing is known of e in window w of size: not probed there,
+// no bound, no count of the others', none of its own.
+func (r *replica) unknownIn(e *entry, w uint32, size int64) bool {
+	if r.probed.Load() == uint64(w)<<32|1 || r.capFor(w) != math.MaxUint32 {
+		return false
+	}
+	if r.remoteIn(w) {
+		return false
+	}
+	count, _ := e.current(w, size)
+	return count == 0
+}
+
+// remoteIn reports whether the other nodes' count of window w is known.
+func (r *replica) remoteIn(w uint32) bool {
+	v := r.remote.Load()
+	return v != 0 && uint32(v>>32) == w
 }
 
 type changedEntry struct {

@@ -30,6 +30,9 @@ func (l *Limiter) Take(k Key, n uint32, lim Limit) Result {
 		budget = uint32(min(uint64(budget)+uint64(r), math.MaxUint32-1))
 	}
 	s, e := l.entry(k)
+	if e.ext != nil && l.unknown.Load() != nil && e.ext.unknownIn(e, w, size) {
+		l.probe(k, e.ext, lim.Count, w, size, end)
+	}
 	var remote uint32
 	maxOwn := budget
 	if e.ext != nil {
@@ -70,7 +73,7 @@ func (l *Limiter) Refund(k Key, n uint32, lim Limit) Result {
 	already := l.count(rk, w, size)
 	n = min(n, taken-min(taken, already))
 	if n > 0 {
-		ext, _, _ := l.add(rk, n, w, end, size, false)
+		ext, _, _, _ := l.add(rk, n, w, end, size, false, false)
 		if ext != nil {
 			ext.noteLimit(lim.Count)
 		}

@@ -1,0 +1,824 @@
+package cluster
+
+import (
+	"encoding/binary"
+	"maps"
+	"math"
+	"slices"
+
+	"github.com/converger/edge/sidecar/limiter"
+)
+
+// Owner replication. Sending every value to every member costs each node N − 1 packets
+// per value: its traffic grows with the cluster. So when every live member runs it
+// (featureRelay in the second byte of its metadata), each key has one owner (ownerOf:
+// the highest rendezvous hash of member name and key, the owner of the grants too), and:
+//
+//   - a node sends its own values of a key to the key's owner only (a report, a version 3
+//     message as before, lazy as before: lazy.go), never to the others;
+//   - the owner merges the reports (one slot per origin, as before), runs share mode for
+//     every member counting the key (the plan each ran for itself before: the owner has
+//     every member's count, demand and bound) and sends each a summary: the count of
+//     every other origin (its own included), its own count, and the member's bounds in
+//     the current window and the next;
+//   - a member takes the summary's count as the others' (the larger of it and the sum
+//     of the slots it holds: both are counts of hits that happened), and the bounds as
+//     its own; it reports a bound that changed at its next flush, so that the owner sets
+//     aside what it holds.
+//
+// A node's traffic is then its reports, one value per counted key to one owner, and its
+// summaries, one per key it owns and member counting it: about two values per counted key
+// whatever N. A key's owner answers a member's first value of a window at once (so a
+// node new to a key learns its count within a round trip), then when the member's
+// bounds change, and when the others' count changed: at every flush near the limit, else
+// after a wait as lazy values do (a flush that sends the member a summary anyway takes
+// along every other changed one). A member that only reads a key (Peek: the rate limit
+// service's hits_addend 0, the console) reports a value of 0 to say it wants the count.
+//
+// Raises and falls. A bound the owner lowers is still set aside for the member until
+// the member's report shows it (the member may have used it); a raise is set aside at
+// once, as a grant is (the slot's floor), and the member applies it only until the
+// summary's sentAt plus raiseMS on its own clock, the floor holding until a value the
+// member sent after that: so a summary late or lost never lets both count the same room.
+//
+// Ownership follows membership. When the owners change (a member joins, leaves, comes
+// back, or the mode changes), every node sends its own values of the current windows to
+// their owners at its next flush (as a window's first values), and the slots it holds
+// of keys whose owner changed (a former owner holds every origin's; a member the owners'
+// own counts, which summaries carry) go to the new owner as relayed values: so a node
+// that dies, as owner, loses only counts that no live member held (an origin that died
+// earlier in the window, known only to it). A new owner plans and summarizes a key only
+// settleMove after the change (owners.owns). A sidecar stopping with SIGTERM hands its
+// own counts and its owned keys' slots to the owners that follow it (leave.go).
+//
+//	summary := summaryKind(1 byte) flags(1 byte: bit 0 deflated) body
+//	body    := sentAt(varint) origin(string) raiseMS(uvarint) n(uvarint) entry{n}
+//	entry   := bucket(string) id(string) sizeMS(uvarint) endMS(varint, minus sentAt)
+//	           others(uvarint) own(uvarint) bounds(1 byte) [cur(uvarint)] [next(uvarint)] part(uvarint)
+//	relay   := relayKind(1 byte) flags(1 byte) state (wire.go: version 2 messages, one per origin)
+//
+// bounds: bit 0 planned (the owner divides the key: apply the bounds), bit 1 cur present
+// (bound in the current window), bit 2 next present (bound in the next one). part is what
+// the member may take of the free room when a request for room goes unanswered (grant.go,
+// fallBack; 0: nothing). Their first bytes are neither a counters' version nor another
+// kind, and they go only to members that announce featureRelay.
+const (
+	summaryKind  byte = 'S'
+	relayKind    byte = 'R'
+	featureRelay byte = 4
+	flagDeflated byte = 1
+)
+
+// summaryEntry is what a key's owner tells one member of the key.
+type summaryEntry struct {
+	bucket, id    string
+	sizeMS, endMS int64
+	// others is every origin's count but the member's, the owner's own included; own is
+	// the owner's own count.
+	others, own uint32
+	// planned says the owner divides the key (share mode): the member's bounds are cur
+	// and next, when capped, else none.
+	planned               bool
+	cur, next             uint32
+	curCapped, nextCapped bool
+	part                  uint32
+}
+
+// summary is one summary message.
+type summary struct {
+	sentAt  int64
+	origin  string
+	raiseMS int64
+	entries []summaryEntry
+}
+
+const (
+	boundsPlanned byte = 1 << iota
+	boundsCur
+	boundsNext
+)
+
+// appendEntry encodes one entry of a summary sent at sentAt.
+func appendEntry(b []byte, e summaryEntry, sentAt int64) []byte {
+	b = appendString(b, e.bucket)
+	b = appendString(b, e.id)
+	b = binary.AppendUvarint(b, uint64(e.sizeMS))
+	b = binary.AppendVarint(b, e.endMS-sentAt)
+	b = binary.AppendUvarint(b, uint64(e.others))
+	b = binary.AppendUvarint(b, uint64(e.own))
+	var flags byte
+	if e.planned {
+		flags |= boundsPlanned
+	}
+	if e.curCapped {
+		flags |= boundsCur
+	}
+	if e.nextCapped {
+		flags |= boundsNext
+	}
+	b = append(b, flags)
+	if e.curCapped {
+		b = binary.AppendUvarint(b, uint64(e.cur))
+	}
+	if e.nextCapped {
+		b = binary.AppendUvarint(b, uint64(e.next))
+	}
+	return binary.AppendUvarint(b, uint64(e.part))
+}
+
+// packSummaries encodes entries into summary messages of at most about maxPacket bytes.
+func packSummaries(sentAt int64, origin string, raiseMS int64, entries []summaryEntry) [][]byte {
+	items := make([][]byte, len(entries))
+	for i, e := range entries {
+		items[i] = appendEntry(nil, e, sentAt)
+	}
+	head := func(n int) []byte {
+		h := binary.AppendVarint(nil, sentAt)
+		h = appendString(h, origin)
+		h = binary.AppendUvarint(h, uint64(max(raiseMS, 0)))
+		return binary.AppendUvarint(h, uint64(n))
+	}
+	return packItems(summaryKind, head, items)
+}
+
+// packItems packs encoded items, after head(n) for the n items of each, into messages
+// of kind: filled to rawPerPacket3 and compressed, and split again at maxPacket when
+// they compress too little.
+func packItems(kind byte, head func(n int) []byte, items [][]byte) [][]byte {
+	var out [][]byte
+	pack := func(limit int, items [][]byte, f func(body []byte, n int, seg [][]byte)) {
+		var body []byte
+		n, from := 0, 0
+		for i, it := range items {
+			if n > 0 && len(head(n+1))+len(body)+len(it) > limit {
+				f(append(head(n), body...), n, items[from:i])
+				body, n, from = nil, 0, i
+			}
+			body = append(body, it...)
+			n++
+		}
+		if n > 0 {
+			f(append(head(n), body...), n, items[from:])
+		}
+	}
+	pack(rawPerPacket3, items, func(body []byte, _ int, seg [][]byte) {
+		if c := deflate([]byte{kind, flagDeflated}, body); len(c) <= maxPacket {
+			out = append(out, c)
+			return
+		}
+		pack(maxPacket, seg, func(body []byte, _ int, _ [][]byte) {
+			out = append(out, deflate([]byte{kind, flagDeflated}, body))
+		})
+	})
+	return out
+}
+
+// body returns the body of a summary or relay message of kind, inflated.
+func body(b []byte, kind byte) ([]byte, error) {
+	if len(b) < 2 || b[0] != kind || b[1]&^flagDeflated != 0 {
+		return nil, errMalformed
+	}
+	if b[1]&flagDeflated == 0 {
+		return b[2:], nil
+	}
+	return inflate(b[2:])
+}
+
+// decodeSummary parses a summary message; the strings it returns are copies.
+func decodeSummary(b []byte) (summary, error) {
+	var s summary
+	raw, err := body(b, summaryKind)
+	if err != nil {
+		return s, err
+	}
+	r := reader{b: raw}
+	s.sentAt = r.varint()
+	s.origin = r.string()
+	raise := r.uvarint()
+	n := r.uvarint()
+	if r.err != nil || s.origin == "" || raise > 60_000 || n > uint64(len(r.b)) {
+		return s, errMalformed
+	}
+	s.raiseMS = int64(raise)
+	s.entries = make([]summaryEntry, 0, n)
+	for range n {
+		e := summaryEntry{bucket: r.string(), id: r.string()}
+		size := r.uvarint()
+		e.endMS = s.sentAt + r.varint()
+		others, own := r.uvarint(), r.uvarint()
+		if r.err != nil || len(r.b) == 0 || size == 0 || size > maxWindowMS || others > math.MaxUint32 || own > math.MaxUint32 {
+			return s, errMalformed
+		}
+		flags := r.b[0]
+		r.b = r.b[1:]
+		if flags&^(boundsPlanned|boundsCur|boundsNext) != 0 {
+			return s, errMalformed
+		}
+		e.sizeMS, e.others, e.own, e.planned = int64(size), uint32(others), uint32(own), flags&boundsPlanned != 0
+		if flags&boundsCur != 0 {
+			c := r.uvarint()
+			e.cur, e.curCapped = uint32(min(c, math.MaxUint32-1)), true
+		}
+		if flags&boundsNext != 0 {
+			c := r.uvarint()
+			e.next, e.nextCapped = uint32(min(c, math.MaxUint32-1)), true
+		}
+		part := r.uvarint()
+		if r.err != nil || part > math.MaxUint32 {
+			return s, errMalformed
+		}
+		e.part = uint32(part)
+		s.entries = append(s.entries, e)
+	}
+	if r.err != nil || len(r.b) != 0 {
+		return s, errMalformed
+	}
+	return s, nil
+}
+
+// packRelay encodes other origins' counts, by origin, into relay messages: version 1
+// values (a count, none of share mode's fields: those only the origin itself sends).
+func packRelay(sentAt int64, byOrigin map[string][]value) [][]byte {
+	var items [][]byte
+	for _, origin := range slices.Sorted(maps.Keys(byOrigin)) {
+		p := newPacker(sentAt, origin, maxPacket-32)
+		for _, v := range byOrigin[origin] {
+			p.add(v)
+		}
+		for _, m := range p.messages() {
+			items = append(items, appendState(nil, m))
+		}
+	}
+	return packItems(relayKind, func(int) []byte { return nil }, items)
+}
+
+// decodeRelay parses a relay message into its messages.
+func decodeRelay(b []byte) ([]message, error) {
+	raw, err := body(b, relayKind)
+	if err != nil {
+		return nil, err
+	}
+	msgs, err := decodeState(raw)
+	if err == nil && len(msgs) == 0 {
+		err = errMalformed
+	}
+	return msgs, err
+}
+
+// raiseIntervals bounds, in sync intervals (and the grants' wait), how long after a
+// summary was sent a member applies a raise of its bound in it.
+const raiseIntervals = 2
+
+// raiseMS is how long after a summary's sentAt a member applies a raise in it.
+func (e shareEnv) raiseMS() int64 { return raiseIntervals*e.intervalMS + e.waitMS }
+
+// owned reports that, in owner replication, k's owner is this node (settled or not).
+func (e shareEnv) owned(k limiter.Key, lim *limiter.Limiter) bool {
+	return e.ownerOf(lim.BucketName(k.Bucket), k.ID) == e.self
+}
+
+// reroute is run by a flush when the owners or the mode changed since the last one: it
+// returns this node's keys whose values go again at once (all of a current window, to
+// their new owners or, leaving owner replication, to everyone), and the slots it holds
+// of keys whose owner changed, by their new owner.
+func (r *replicator) reroute(env shareEnv) (again []limiter.Key, relays map[string]map[string][]value) {
+	lastNames, lastRelay := r.lastNames, r.lastRelay
+	r.lastNames, r.lastRelay = slices.Clone(env.names), env.relay
+	moved := func(bucket, id string) bool {
+		if !env.relay || !lastRelay {
+			return true
+		}
+		return ownerOf(bucket, id, lastNames) != env.ownerOf(bucket, id)
+	}
+	r.lim.Each(func(k limiter.Key, s limiter.Snapshot) {
+		if (s.Own > 0 || s.Refused > 0) && s.EndMS > env.now && moved(r.lim.BucketName(k.Bucket), k.ID) {
+			if !env.relay || !env.owned(k, r.lim) {
+				again = append(again, k)
+				delete(r.sent, k) // a first value: sent at once, and once more
+			}
+		}
+	})
+	if !env.relay {
+		return again, nil
+	}
+	relays = map[string]map[string][]value{}
+	r.slots.each(env.now, func(origin string, k limiter.Key, sl slot) {
+		bucket := r.lim.BucketName(k.Bucket)
+		to := env.ownerOf(bucket, k.ID)
+		if to == env.self || to == "" || !moved(bucket, k.ID) || sl.count == 0 {
+			return
+		}
+		if relays[to] == nil {
+			relays[to] = map[string][]value{}
+		}
+		relays[to][origin] = append(relays[to][origin], value{bucket: bucket, id: k.ID, sizeMS: sl.sizeMS, endMS: sl.endMS, count: sl.count})
+	})
+	return again, relays
+}
+
+// summarize returns the summaries due at env.now of the keys this node owns among keys
+// (and of those whose lazy summaries are due), by member name.
+func (r *replicator) summarize(keys map[limiter.Key]struct{}, env shareEnv) map[string][]summaryEntry {
+	for k, at := range r.sumWaiting {
+		if at <= env.now {
+			keys[k] = struct{}{}
+			delete(r.sumWaiting, k)
+		}
+	}
+	var cands []candidate
+	for k := range keys {
+		if !env.owns(k) {
+			delete(r.sumRecheck, k)
+			if env.owned(k, r.lim) {
+				// A new owner, settling: its summaries wait until it has.
+				r.sumWaiting[k] = env.now + env.intervalMS
+			}
+			continue
+		}
+		var recheck bool
+		r.slots.planMu.Lock()
+		cands, recheck = r.slots.summarizeKey(k, env, r.share, "", cands)
+		r.slots.planMu.Unlock()
+		if recheck {
+			r.sumRecheck[k] = struct{}{}
+		} else {
+			delete(r.sumRecheck, k)
+		}
+	}
+	return r.choose(cands, env)
+}
+
+// candidate is an entry a summary may carry: must, when it is due now; else it goes
+// only with a summary the member gets anyway, or at due.
+type candidate struct {
+	to    string // member name
+	k     limiter.Key
+	e     summaryEntry
+	must  bool
+	due   int64
+	apply func() // notes it sent (the caller holds no lock)
+}
+
+// choose keeps the candidates due now, and those of members that get a summary anyway;
+// the others wait (sumWaiting).
+func (r *replicator) choose(cands []candidate, env shareEnv) map[string][]summaryEntry {
+	sending := map[string]bool{}
+	for _, c := range cands {
+		sending[c.to] = sending[c.to] || c.must
+	}
+	var out map[string][]summaryEntry
+	for _, c := range cands {
+		if !sending[c.to] {
+			if at, ok := r.sumWaiting[c.k]; !ok || c.due < at {
+				r.sumWaiting[c.k] = c.due
+			}
+			continue
+		}
+		if out == nil {
+			out = map[string][]summaryEntry{}
+		}
+		out[c.to] = append(out[c.to], c.e)
+		r.slots.planMu.Lock()
+		c.apply()
+		r.slots.planMu.Unlock()
+	}
+	return out
+}
+
+// replies returns the summaries a key's owner sends at once to the origin of a message
+// it merged, of the keys it owns in it: the first of the window, bounds the report moves,
+// and the others' count near the limit, as a flush would send them, a flush's wait
+// sooner.
+func (r *replicator) replies(m message, env shareEnv) []summaryEntry {
+	if !env.relay {
+		return nil
+	}
+	var cands []candidate
+	seen := map[limiter.Key]bool{}
+	for _, v := range m.values {
+		b, ok := r.lim.LookupBucket(v.bucket)
+		if !ok {
+			continue
+		}
+		k := limiter.Key{Bucket: b, ID: v.id}
+		if seen[k] || !env.owns(k) {
+			continue
+		}
+		seen[k] = true
+		r.slots.planMu.Lock()
+		cands, _ = r.slots.summarizeKey(k, env, r.share, m.origin, cands)
+		r.slots.planMu.Unlock()
+	}
+	var out []summaryEntry
+	for _, c := range cands {
+		if c.must {
+			out = append(out, c.e)
+			r.slots.planMu.Lock()
+			c.apply()
+			r.slots.planMu.Unlock()
+		}
+	}
+	return out
+}
+
+// summarizeKey adds to cands the entries of k, which this node owns, for the live
+// members counting it in the current window (only the origin reply, when given: an
+// answer to its report). With share mode it plans each member's bounds, as the member
+// planned its own before; recheck says the key is to be planned at every flush, as a
+// node with the grants plans its own bound while it holds more than it counted or is
+// bound in the next window. The caller holds planMu.
+func (s *slots) summarizeKey(k limiter.Key, env shareEnv, share bool, reply string, cands []candidate) (_ []candidate, recheck bool) {
+	snap, _ := s.lim.Lookup(k)
+	s.mu.Lock()
+	ks := s.keys[k]
+	if ks == nil || len(ks.slots) == 0 {
+		s.mu.Unlock()
+		return cands, false
+	}
+	size := snap.SizeMS
+	if size == 0 {
+		size = ks.slots[0].sizeMS
+	}
+	if size <= 0 {
+		s.mu.Unlock()
+		return cands, false
+	}
+	end := windowEnd(env.now, size)
+	own := uint32(0)
+	if snap.SizeMS == size && snap.EndMS == end {
+		own = snap.Own
+	}
+	total := uint64(own)
+	type member struct {
+		origin   string
+		name     string
+		count    uint32
+		first    bool
+		reported bool // since its last summary
+	}
+	var members []member
+	limit := int64(snap.Limit)
+	for _, sl := range ks.slots {
+		if sl.sizeMS != size || sl.endMS != end {
+			continue
+		}
+		total += uint64(sl.count)
+		if limit == 0 {
+			limit = int64(sl.limit)
+		}
+		origin := s.names[sl.origin]
+		name := nodeName(origin)
+		if cur, known := s.current[name]; !env.live(name) || (known && cur != sl.origin) {
+			continue
+		}
+		if reply != "" && origin != reply {
+			continue
+		}
+		members = append(members, member{origin: origin, name: name, count: sl.count, first: sl.sumAt == 0, reported: sl.mergedAt > sl.sumAt})
+	}
+	s.mu.Unlock()
+	for _, m := range members {
+		e := summaryEntry{bucket: s.lim.BucketName(k.Bucket), id: k.ID, sizeMS: size, endMS: end,
+			others: uint32(min(total-uint64(m.count), math.MaxUint32)), own: own}
+		var p sharePlan
+		var v shareView
+		if share {
+			var ok bool
+			if v, p, ok = s.planMember(k, snap, env, m.origin, m.reported); ok {
+				e.planned = true
+				recheck = recheck || (v.grants && ((p.curCapped && p.cur > v.self.count) || p.nextCapped))
+				e.cur, e.curCapped = uint32(min(max(p.cur, 0), math.MaxUint32-1)), p.curCapped
+				e.next, e.nextCapped = uint32(min(max(p.next, 0), math.MaxUint32-1)), p.nextCapped
+				limit = v.limit
+				if v.grants && v.farBelow() {
+					e.part = uint32(min(max(v.limit-v.self.held()-v.othersHold(), 0)/int64(max(v.members, 1)), math.MaxUint32))
+				}
+			}
+		}
+		s.mu.Lock()
+		sl := ks.slotOf(s.origins[m.origin], end)
+		if sl == nil {
+			s.mu.Unlock()
+			continue
+		}
+		// The bounds go only when they change: an entry without them leaves the member's
+		// as they are (a grant it applied since, say).
+		e.planned = e.planned && sl.boundsChanged(e, v.self, v.limit, env.now, env.intervalMS)
+		c := candidate{to: m.name, k: k, due: env.now}
+		switch {
+		case m.first || e.planned:
+			c.must = true
+		case e.others != sl.sumOthers || e.own != sl.sumOwn || e.part != sl.sumPart:
+			// The others' count moved: near the limit, in the answer to a report or once an
+			// interval; else after a wait.
+			snapM := limiter.Snapshot{Own: m.count, Remote: e.others, Limit: uint32(max(limit, 0)), SizeMS: size, EndMS: end}
+			w := longestWait(snapM, sentAt{at: sl.sumAt, sizeMS: size, endMS: end, own: m.count}, env)
+			c.due = sl.sumAt + max(w, env.intervalMS)
+			c.must = (w == 0 && reply != "") || env.now >= c.due || end-env.now <= env.intervalMS
+		default:
+			s.mu.Unlock()
+			continue
+		}
+		s.mu.Unlock()
+		c.e = e
+		oid, now, raise := s.origins[m.origin], env.now, env.raiseMS()
+		c.apply = func() {
+			s.mu.Lock()
+			defer s.mu.Unlock()
+			sl := s.keys[k].slotOf(oid, end)
+			if sl == nil {
+				return
+			}
+			sl.sumAt, sl.sumOthers, sl.sumOwn, sl.sumPart = now, e.others, e.own, e.part
+			if !e.planned {
+				return
+			}
+			sl.sumBounds = boundsOf(e)
+			if e.curCapped && (!sl.capped || e.cur > max(sl.cap, sl.floor)) {
+				// A raise, or a first bound: set aside for the member at once, until a
+				// value it sent after the last moment it may apply it.
+				sl.floor = max(sl.floor, e.cur)
+				sl.floorUntil = max(sl.floorUntil, now+raise)
+			}
+		}
+		cands = append(cands, c)
+	}
+	return cands, recheck
+}
+
+// slotOf is the slot of origin oid in the window ending at end (the caller holds mu).
+func (ks *keyState) slotOf(oid uint32, end int64) *slot {
+	if ks == nil {
+		return nil
+	}
+	for i := range ks.slots {
+		if ks.slots[i].origin == oid && ks.slots[i].endMS == end {
+			return &ks.slots[i]
+		}
+	}
+	return nil
+}
+
+// bounds are a member's bounds in the current window and the next, as a summary gives
+// them (none: not capped).
+type bounds struct {
+	cur, next             uint32
+	curCapped, nextCapped bool
+}
+
+func boundsOf(e summaryEntry) bounds {
+	b := bounds{curCapped: e.curCapped, nextCapped: e.nextCapped}
+	if b.curCapped {
+		b.cur = e.cur
+	}
+	if b.nextCapped {
+		b.next = e.next
+	}
+	return b
+}
+
+// boundsChanged reports whether the member's bounds planned in e differ from what it
+// holds (self: the member as the owner planned it) or, in the next window, from what it
+// was last sent; unless this node sent them lately (less than three intervals ago: the
+// member's report of them may be on its way).
+func (sl *slot) boundsChanged(e summaryEntry, self shareNode, limit, now, intervalMS int64) bool {
+	b, last := boundsOf(e), sl.sumBounds
+	curHolds := b.curCapped == self.capped && (!b.curCapped || int64(b.cur) == self.claim)
+	// The next window's bound: a fall goes at once (the bounds of the next window divide
+	// the limit), a rise once it is worth a message, or in the window's last two
+	// intervals (the bound is the member's from the window's start).
+	var nextHolds bool
+	switch {
+	case b.nextCapped != last.nextCapped:
+	case !b.nextCapped:
+		nextHolds = true
+	case b.next == last.next:
+		nextHolds = true
+	case b.next > last.next:
+		nextHolds = int64(b.next-last.next) < max(limit/releaseShare, 1) && e.endMS-now > 2*intervalMS
+	}
+	if curHolds && nextHolds {
+		return false
+	}
+	return sl.sumAt == 0 || last != b || now-sl.sumAt >= 3*intervalMS
+}
+
+// planMember is share mode's plan of member origin's bounds of k, by this node, its
+// owner: the member's view as this node knows it (the member's count, demand and bound
+// from its reports, with what this node set aside for it; this node among the others).
+// reported says the member sent a value since its last summary: as a node sending its
+// value anyway, its bound may move by any amount (else only by one worth a message).
+// The caller holds planMu.
+func (s *slots) planMember(k limiter.Key, snap limiter.Snapshot, env shareEnv, origin string, reported bool) (shareView, sharePlan, bool) {
+	v, ok := s.shareView(k, snap, env)
+	if !ok {
+		return v, sharePlan{}, false
+	}
+	i := slices.IndexFunc(v.peers, func(n shareNode) bool { return n.name == origin })
+	if i < 0 || !v.peers[i].shares || !v.peers[i].live {
+		return v, sharePlan{}, false
+	}
+	m := v.peers[i]
+	// Bound: by its report, or by what this node set aside for it (a raise on its way).
+	m.claimed = m.capped || m.floor > 0
+	m.capped = m.claimed
+	if m.floor > 0 {
+		m.claim = max(m.claim, m.floor)
+	}
+	v.peers[i] = v.self
+	v.self = m
+	v.sending = reported
+	return v, v.plan(), true
+}
+
+// applySummary applies a key owner's summary at env.now: the others' counts, the
+// owner's own count (a slot, so that a later owner hears of it), and the bounds, unless
+// this node takes itself for the key's owner (the members' views of the owners differ
+// for a moment after a change). A key whose bound changed is reported to the owner at
+// the next flush. It returns how many entries were of windows that had ended here.
+func (r *replicator) applySummary(m summary, env shareEnv) (dropped int) {
+	now := env.now
+	r.heard(nodeName(m.origin))
+	for _, e := range m.entries {
+		b, ok := r.slots.bucket(e.bucket)
+		if !ok || e.id == "" || len(e.id) > maxString {
+			continue
+		}
+		k := limiter.Key{Bucket: b, ID: e.id}
+		if e.endMS <= now {
+			dropped++
+			continue
+		}
+		if e.own > 0 {
+			r.slots.merge(m.origin, value{bucket: e.bucket, id: e.id, sizeMS: e.sizeMS, endMS: e.endMS, count: e.own}, m.sentAt, now)
+		}
+		r.slots.setAgg(k, e.sizeMS, e.endMS, e.others, e.part, now)
+		if !e.planned || !r.share || (env.relay && env.owned(k, r.lim)) {
+			continue
+		}
+		raise := now <= m.sentAt+m.raiseMS
+		r.slots.planMu.Lock()
+		changed := r.applyBound(k, e.sizeMS, e.endMS, e.cur, e.curCapped, raise)
+		r.applyBound(k, e.sizeMS, e.endMS+e.sizeMS, e.next, e.nextCapped, raise)
+		r.slots.planMu.Unlock()
+		if changed {
+			// Its value goes to the owner at the next flush: the owner sets aside what
+			// this node holds from its reports.
+			r.asks.noteGranted(k)
+		}
+	}
+	return dropped
+}
+
+// applyBound sets k's bound in the window of sizeMS ending at endMS to bound (none when
+// not capped), and reports whether it changed; raise says a higher bound may be applied.
+func (r *replicator) applyBound(k limiter.Key, sizeMS, endMS int64, bound uint32, capped, raise bool) bool {
+	cur, had := r.lim.CapIn(k, sizeMS, endMS)
+	switch {
+	case !capped && had:
+		r.lim.ClearCap(k, sizeMS, endMS)
+		return true
+	case !capped || (had && cur == bound) || (had && bound > cur && !raise):
+		return false
+	}
+	r.lim.SetCap(k, sizeMS, endMS, bound)
+	return true
+}
+
+// setAgg notes the others' count of k in the window of sizeMS ending at endMS, as its
+// owner reported it, and what the member may take when a request for room goes
+// unanswered; the limiter gets the larger of it and the sum of the slots.
+func (s *slots) setAgg(k limiter.Key, sizeMS, endMS int64, others, part uint32, now int64) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	ks := s.keys[k]
+	if ks == nil {
+		ks = &keyState{}
+		s.keys[k] = ks
+	}
+	a := &ks.agg[0]
+	if ks.agg[1].endMS == endMS || (ks.agg[0].endMS != endMS && ks.agg[1].endMS < ks.agg[0].endMS) {
+		a = &ks.agg[1]
+	}
+	if a.endMS != endMS || a.sizeMS != sizeMS {
+		*a = aggregate{sizeMS: sizeMS, endMS: endMS}
+	}
+	a.others = max(a.others, others)
+	a.part = part
+	s.publishLocked(k, ks, sizeMS, endMS, now)
+}
+
+// aggOf is k's others' count as its owner last reported it, in the window of sizeMS
+// ending at endMS (the caller holds mu).
+func (ks *keyState) aggOf(sizeMS, endMS int64) *aggregate {
+	if ks == nil {
+		return nil
+	}
+	for i := range ks.agg {
+		if a := &ks.agg[i]; a.endMS == endMS && a.sizeMS == sizeMS {
+			return a
+		}
+	}
+	return nil
+}
+
+// takeAggPart raises this node's bound of k in the window ending at endMS by the part of
+// the free room its owner's last summary offered, once (grant.go, fallBack), and
+// reports whether it did. The caller holds planMu.
+func (s *slots) takeAggPart(k limiter.Key, sizeMS, endMS int64) bool {
+	s.mu.Lock()
+	part := uint32(0)
+	if a := s.keys[k].aggOf(sizeMS, endMS); a != nil {
+		part, a.part = a.part, 0
+	}
+	s.mu.Unlock()
+	return part > 0 && s.lim.RaiseCap(k, sizeMS, endMS, part)
+}
+
+// unknown is told of a counter this node knows nothing of in a window, before its first
+// hit there is counted (limiter.OnUnknown). In owner replication, the counter of a limit
+// the grants divide that another node owns is bound at a small part of a member's part
+// (a 32nd: 0 for the small limits of logins and tokens), so that a hit beyond it asks the
+// owner for room, as the owner knows every member's count, rather than be counted alone
+// by a node that knows none (it would allow up to the limit). A larger limit's counter
+// counts unbound until the owner's first summary, a round trip after this node's first
+// value (the first window of a key, as share mode cannot bound it either). A counter
+// whose owner is silent (awaitOwners) is bound at a member's part of the limit, whatever
+// the limit.
+func (r *replicator) unknown(k limiter.Key, limit uint32, sizeMS, endMS int64, env shareEnv) {
+	if !env.relay || !r.share || env.owned(k, r.lim) {
+		return
+	}
+	r.awaitMu.Lock()
+	_, silent := r.silent[env.ownerOf(r.lim.BucketName(k.Bucket), k.ID)]
+	r.awaitMu.Unlock()
+	switch {
+	case silent:
+		r.lim.SetCap(k, sizeMS, endMS, memberPart(limit, env))
+	case env.grantsFor(int64(limit)):
+		r.lim.SetCap(k, sizeMS, endMS, memberPart(limit, env)/(2*releaseShare))
+	}
+}
+
+// memberPart is a member's part of a limit: what each takes while the owner is silent.
+func memberPart(limit uint32, env shareEnv) uint32 {
+	return limit / uint32(max(env.members, 1))
+}
+
+// ownerWait is how long a node waits for the owner's summary of a key after its first
+// value of a window before it takes the owner for silent (a node that stopped, or is cut
+// off, but is not yet declared dead): five sync intervals and the grants' wait, well
+// beyond the owner's answer (a round trip) and its settling after a change.
+func ownerWait(env shareEnv) int64 { return 5*env.intervalMS + env.waitMS }
+
+// awaitOwners notes the values a flush sends to owners that have sent no summary of
+// their keys in the window yet, and binds, at a member's part of the limit, the counters
+// whose owner has let one wait longer than ownerWait: then each member serves its part
+// until the owner is heard from again or the membership declares it dead (another member
+// owns its keys then), so that the limit holds without it.
+func (r *replicator) awaitOwners(sent []value, env shareEnv) {
+	r.awaitMu.Lock()
+	defer r.awaitMu.Unlock()
+	for _, v := range sent {
+		b, ok := r.lim.LookupBucket(v.bucket)
+		if !ok {
+			continue
+		}
+		k := limiter.Key{Bucket: b, ID: v.id}
+		if _, ok := r.awaiting[k]; !ok && !r.slots.known(k, v.sizeMS, v.endMS) {
+			r.awaiting[k] = env.now
+		}
+	}
+	for k, at := range r.awaiting {
+		s, ok := r.lim.Lookup(k)
+		if !ok || s.EndMS <= env.now || r.slots.known(k, s.SizeMS, s.EndMS) || env.owned(k, r.lim) {
+			delete(r.awaiting, k)
+			continue
+		}
+		if env.now-at < ownerWait(env) {
+			continue
+		}
+		delete(r.awaiting, k)
+		r.silent[env.ownerOf(r.lim.BucketName(k.Bucket), k.ID)] = env.now
+		if !r.share || s.Limit == 0 {
+			continue
+		}
+		part := max(memberPart(s.Limit, env), s.Own)
+		if c, ok := r.lim.CapIn(k, s.SizeMS, s.EndMS); !ok || c > part {
+			r.lim.SetCap(k, s.SizeMS, s.EndMS, part)
+			r.asks.noteGranted(k)
+		}
+	}
+	for name := range r.silent {
+		if !slices.Contains(env.names, name) {
+			delete(r.silent, name)
+		}
+	}
+}
+
+// heard notes a message from the member named: it is not silent.
+func (r *replicator) heard(name string) {
+	r.awaitMu.Lock()
+	delete(r.silent, name)
+	r.awaitMu.Unlock()
+}
