@@ -15,6 +15,7 @@ import (
 	"io"
 	"log"
 	"log/slog"
+	"maps"
 	"math"
 	"net"
 	"os"
@@ -62,6 +63,10 @@ type Config struct {
 	// divide (DefaultGrantMaxLimit when zero); share mode alone divides larger ones.
 	// The members announce it, and each uses the smallest.
 	GrantMaxLimit uint32
+	// Broadcast sends every value to every member, as releases before owner replication
+	// did (relay.go), rather than to the key's owner. A member that does so (or does not
+	// know owner replication) makes every member broadcast.
+	Broadcast bool
 	// PushPullInterval is how often memberlist exchanges full state with a random peer
 	// (30 s when zero).
 	PushPullInterval time.Duration
@@ -187,6 +192,11 @@ func Start(cfg Config, lim *limiter.Limiter) (*Cluster, error) {
 	c.owners.maxLimit = c.cfg.GrantMaxLimit
 	if cfg.ShareMode && c.cfg.GrantWait > 0 {
 		lim.OnBoundRefused(c.askRoom)
+	}
+	if !cfg.Broadcast {
+		lim.OnUnknown(func(k limiter.Key, limit uint32, sizeMS, endMS int64) {
+			c.rep.unknown(k, limit, sizeMS, endMS, c.shareEnv(c.nowMS()))
+		})
 	}
 
 	mc := memberlist.DefaultLANConfig()
@@ -446,12 +456,17 @@ func (c *Cluster) syncLoop() {
 }
 
 func (c *Cluster) flush(now int64) {
-	res := c.rep.flush(c.shareEnv(now))
+	env := c.shareEnv(now)
+	res := c.rep.flush(env)
 	if len(res.values) > 0 {
 		c.m.keysPerFlush.Observe(float64(len(res.values)))
 	}
 	if c.cfg.ShareMode {
 		c.m.capped.Add(float64(res.capped))
+	}
+	if env.relay {
+		c.sendRelayed(now, env, res)
+		return
 	}
 	if len(res.values) == 0 {
 		return
@@ -484,6 +499,43 @@ func (c *Cluster) flush(now int64) {
 	}
 }
 
+// sendRelayed sends what a flush in owner replication has for each member: its values
+// of the keys the member owns, the member's summaries of the keys this node owns, and
+// the counts relayed to it as their keys' new owner (relay.go).
+func (c *Cluster) sendRelayed(now int64, env shareEnv, res flushResult) {
+	c.membersMu.Lock()
+	nodes := make(map[string]memberlist.Node, len(res.routed)+len(res.summaries)+len(res.relays))
+	for _, to := range [][]string{slices.Collect(maps.Keys(res.routed)), slices.Collect(maps.Keys(res.summaries)), slices.Collect(maps.Keys(res.relays))} {
+		for _, name := range to {
+			if n, ok := c.members[name]; ok && name != c.cfg.NodeName {
+				nodes[name] = n
+			}
+		}
+	}
+	c.membersMu.Unlock()
+	for name, vs := range res.routed {
+		if n, ok := nodes[name]; ok {
+			for _, msg := range pack3(now, c.origin, vs) {
+				c.send(&n, kindValues, msg)
+			}
+		}
+	}
+	for name, es := range res.summaries {
+		if n, ok := nodes[name]; ok {
+			for _, msg := range packSummaries(now, c.origin, env.raiseMS(), es) {
+				c.send(&n, kindSummary, msg)
+			}
+		}
+	}
+	for name, byOrigin := range res.relays {
+		if n, ok := nodes[name]; ok {
+			for _, msg := range packRelay(now, byOrigin) {
+				c.send(&n, kindRelay, msg)
+			}
+		}
+	}
+}
+
 // send hands msg to memberlist for n (best effort: one UDP packet) and counts it by kind.
 func (c *Cluster) send(n *memberlist.Node, kind string, msg []byte) bool {
 	if err := c.ml.SendBestEffort(n, msg); err != nil {
@@ -510,9 +562,11 @@ func (c *Cluster) shareEnv(now int64) shareEnv {
 	c.ownersMu.Lock()
 	o := c.owners
 	c.ownersMu.Unlock()
+	env.self, env.waitMS = c.cfg.NodeName, max(c.cfg.GrantWait.Milliseconds(), 0)
 	if o.names != nil {
-		env.grants, env.grantMax = true, o.maxLimit
+		env.grants, env.grantMax, env.relay, env.names = o.grants, o.maxLimit, o.relay, o.names
 		env.owns = func(k limiter.Key) bool { return o.owns(c.lim.BucketName(k.Bucket), k.ID, now) }
+		env.handing = func(k limiter.Key) bool { return o.handing(c.lim.BucketName(k.Bucket), k.ID, now) }
 	}
 	return env
 }
@@ -522,19 +576,23 @@ func (c *Cluster) grantsOn() bool { return c.cfg.ShareMode && c.cfg.GrantWait > 
 
 // updateOwners makes the owners again from the live members (the caller holds
 // membersMu): grants are on when every live member announces them, this node included,
-// for the limits up to the smallest GrantMaxLimit announced.
+// for the limits up to the smallest GrantMaxLimit announced; owner replication when
+// every live member announces it.
 func (c *Cluster) updateOwners() {
 	var names []string
-	on := c.grantsOn()
+	grants, relay := c.grantsOn(), !c.cfg.Broadcast
 	maxLimit := c.cfg.GrantMaxLimit
 	for name, n := range c.members {
 		if len(n.Meta) < 2 || n.Meta[1]&featureGrants == 0 {
-			on = false
+			grants = false
+		}
+		if len(n.Meta) < 2 || n.Meta[1]&featureRelay == 0 || n.Meta[0] < version3 {
+			relay = false
 		}
 		maxLimit = min(maxLimit, announcedGrantMax(n.Meta))
 		names = append(names, name)
 	}
-	if !on {
+	if !grants && !relay {
 		names = nil
 	} else {
 		names = sortedNames(names)
@@ -542,11 +600,12 @@ func (c *Cluster) updateOwners() {
 	c.ownersMu.Lock()
 	defer c.ownersMu.Unlock()
 	c.owners.maxLimit = maxLimit
-	if !slices.Equal(names, c.owners.names) || (names == nil) != (c.owners.names == nil) {
-		if (names == nil) != (c.owners.names == nil) {
-			c.log.Info("share mode's grants", "on", names != nil, "members", len(c.members))
-		}
+	if grants != c.owners.grants || relay != c.owners.relay {
+		c.log.Info("owners of keys", "grants", grants, "owner_replication", relay, "members", len(c.members))
+	}
+	if !slices.Equal(names, c.owners.names) || (names == nil) != (c.owners.names == nil) || grants != c.owners.grants || relay != c.owners.relay {
 		c.owners.prev, c.owners.names, c.owners.changedAt = c.owners.names, names, c.nowMS()
+		c.owners.grants, c.owners.relay = grants, relay
 	}
 }
 
@@ -627,7 +686,9 @@ func (c *Cluster) noteGrant(to string, g uint32) {
 	c.m.grants.WithLabelValues("answered_"+to, result).Inc()
 }
 
-// receiveAsk answers another node's request for room, as the key's owner.
+// receiveAsk answers another node's request for room, as the key's owner. In owner
+// replication an owner that has not settled forwards it to the member that owned the key
+// before it, which answers, and tells it what it granted.
 func (c *Cluster) receiveAsk(b []byte) {
 	q, err := decodeAsk(b)
 	if err != nil {
@@ -635,18 +696,40 @@ func (c *Cluster) receiveAsk(b []byte) {
 		return
 	}
 	name, _, _ := strings.Cut(q.origin, "#")
+	now := c.nowMS()
 	c.membersMu.Lock()
 	node, ok := c.members[name]
+	c.ownersMu.Lock()
+	o := c.owners
+	c.ownersMu.Unlock()
+	forward := o.forwardTo(q.v.bucket, q.v.id, now)
+	prev, forwarding := c.members[forward]
 	c.membersMu.Unlock()
 	if !ok || name == c.cfg.NodeName {
 		return
 	}
-	ans, ok := c.rep.grant(q, c.shareEnv(c.nowMS()))
+	if forwarding && forward != c.cfg.NodeName && forward != name {
+		c.send(&prev, kindAsk, b)
+		return
+	}
+	env := c.shareEnv(now)
+	ans, ok := c.rep.grant(q, env)
 	if !ok {
 		return
 	}
 	c.noteGrant("other", ans.grant)
 	c.send(&node, kindAnswer, encodeAnswer(ans))
+	if owner := env.ownerOf(q.v.bucket, q.v.id); env.relay && ans.grant > 0 && owner != c.cfg.NodeName {
+		// Answered for the key's new owner (handing): it learns of the grant at once.
+		c.membersMu.Lock()
+		n, ok := c.members[owner]
+		c.membersMu.Unlock()
+		if ok {
+			for _, msg := range packRelayShare(q.sentAt, q.origin, handedGrant(q, ans.grant)) {
+				c.send(&n, kindRelay, msg)
+			}
+		}
+	}
 }
 
 // receiveAnswer applies an owner's answer to this node's request.
@@ -701,9 +784,14 @@ type DebugCounter struct {
 	NextBound *uint32    `json:"share_bound_next,omitempty"`
 	Slots     []SlotView `json:"slots"`
 	Members   []string   `json:"members"`
-	// Owner is the member that grants the part of the limit nobody holds (grant.go);
-	// absent while grants are off.
-	Owner string `json:"owner,omitempty"`
+	// Owner is the member that owns the key (grant.go, relay.go): it grants the part of
+	// the limit nobody holds, and in owner replication it gets every member's values and
+	// sends each its summary; absent while neither runs. Replication is "owner" or
+	// "broadcast" (every value to every member). OwnerOthers is the others' count of
+	// the key as its owner last reported it to this node (absent: none this window).
+	Owner       string  `json:"owner,omitempty"`
+	Replication string  `json:"replication"`
+	OwnerOthers *uint32 `json:"owner_others,omitempty"`
 }
 
 // Debug returns one counter's state: this node's count and every remote slot.
@@ -726,7 +814,14 @@ func (c *Cluster) Debug(bucket, key string) DebugCounter {
 	if v := c.slots.view(k); v != nil {
 		d.Slots = v
 	}
+	if others, ok := c.slots.aggIn(k, d.WindowMS, d.WindowEndMS); ok {
+		d.OwnerOthers = &others
+	}
 	c.ownersMu.Lock()
+	d.Replication = "broadcast"
+	if c.owners.relay {
+		d.Replication = "owner"
+	}
 	if c.owners.names != nil {
 		d.Owner = ownerOf(bucket, key, c.owners.names)
 	}
@@ -743,6 +838,9 @@ func (d *delegate) NodeMeta(int) []byte {
 	features := featureViewQuery
 	if d.c().grantsOn() {
 		features |= featureGrants
+	}
+	if !d.c().cfg.Broadcast {
+		features |= featureRelay
 	}
 	return binary.AppendUvarint([]byte{version, features}, uint64(d.c().cfg.GrantMaxLimit))
 }
@@ -800,26 +898,93 @@ func (c *Cluster) inboxLoop() {
 	}
 }
 
-// receiveMsg merges a sync or live-view message.
+// receiveMsg merges a sync, owner replication or live-view message.
 func (c *Cluster) receiveMsg(b []byte) {
-	if len(b) > 0 && b[0] == trafficKind {
-		c.receiveTraffic(b)
-		return
-	}
-	if len(b) > 0 && b[0] == viewQueryKind {
-		c.receiveViewQuery(b)
-		return
+	if len(b) > 0 {
+		switch b[0] {
+		case trafficKind:
+			c.receiveTraffic(b)
+			return
+		case viewQueryKind:
+			c.receiveViewQuery(b)
+			return
+		case summaryKind:
+			c.receiveSummary(b)
+			return
+		case relayKind:
+			c.receiveRelay(b)
+			return
+		case busyKind:
+			c.receiveBusy(b)
+			return
+		}
 	}
 	m, err := decode(b)
 	if err != nil {
 		c.m.malformed.Inc()
 		return
 	}
-	c.m.mergeLag.Observe(float64(max(c.nowMS()-m.sentAt, 0)) / 1000)
-	if m.origin != c.origin {
-		c.heard(m.origin, m.sentAt, c.nowMS())
+	now := c.nowMS()
+	c.m.mergeLag.Observe(float64(max(now-m.sentAt, 0)) / 1000)
+	if m.origin == c.origin {
+		return
 	}
+	c.heard(m.origin, m.sentAt, now)
 	c.receive(m, true)
+	// In owner replication, the owner of keys in a report answers it at once.
+	env := c.shareEnv(c.nowMS())
+	if es := c.rep.replies(m, env); len(es) > 0 {
+		name := nodeName(m.origin)
+		c.membersMu.Lock()
+		n, ok := c.members[name]
+		c.membersMu.Unlock()
+		if ok && name != c.cfg.NodeName {
+			for _, msg := range packSummaries(env.now, c.origin, env.raiseMS(), es) {
+				c.send(&n, kindSummary, msg)
+			}
+		}
+	}
+}
+
+// receiveSummary applies a key owner's summary (relay.go).
+func (c *Cluster) receiveSummary(b []byte) {
+	sum, err := decodeSummary(b)
+	if err != nil {
+		c.m.malformed.Inc()
+		return
+	}
+	if sum.origin == c.origin {
+		return
+	}
+	now := c.nowMS()
+	c.m.mergeLag.Observe(float64(max(now-sum.sentAt, 0)) / 1000)
+	if sum.sentAt > c.newestSentAt.Load() {
+		c.newestSentAt.Store(sum.sentAt)
+	}
+	c.heard(sum.origin, sum.sentAt, now)
+	c.rep.slots.sawDirect(sum.origin)
+	if dropped := c.rep.applySummary(sum, c.shareEnv(now)); dropped > 0 {
+		c.m.stale.Add(float64(dropped))
+		c.noteStale(sum.origin, dropped)
+	}
+	if c.cfg.Traffic != nil {
+		for _, e := range sum.entries {
+			c.offerBusy(value{bucket: e.bucket, id: e.id, sizeMS: e.sizeMS, endMS: e.endMS})
+		}
+	}
+}
+
+// receiveRelay merges the counts of other origins relayed to this node as their keys'
+// new owner (relay.go).
+func (c *Cluster) receiveRelay(b []byte) {
+	msgs, err := decodeRelay(b)
+	if err != nil {
+		c.m.malformed.Inc()
+		return
+	}
+	for _, m := range msgs {
+		c.receive(m, false)
+	}
 }
 
 // LocalState is this node's whole view for a state transfer: its own counts and every

@@ -74,9 +74,11 @@ func mix64(x uint64) uint64 {
 // owners is a membership's grant-capable members, as the owners of keys see them.
 type owners struct {
 	self string
-	// names are the live members running grants, this node included; nil when some
-	// live member does not (grants are off).
+	// names are the live members, this node included, when grants or owner replication
+	// run (every live member announces them); nil when neither does.
 	names []string
+	// grants and relay say which run.
+	grants, relay bool
 	// prev is the names before the last change, at changedAt. A node that comes to own
 	// a key by a change grants only settleMove after it, once the grants the previous
 	// owner made have reached it with the borrowers' next syncs; and none until
@@ -104,6 +106,32 @@ func (o *owners) owns(bucket, id string, now int64) bool {
 		return false
 	}
 	return now >= o.changedAt+o.settleMove || (o.prev != nil && ownerOf(bucket, id, o.prev) == o.self)
+}
+
+// forwardTo is, in owner replication, the member to forward a request for room of a key
+// to while this node owns the key but has not settled (owns): the one that owns it
+// without this node (it did before this node joined or came back), which answers for it
+// (handing). "" when there is none.
+func (o *owners) forwardTo(bucket, id string, now int64) string {
+	if o.names == nil || !o.relay || ownerOf(bucket, id, o.names) != o.self || o.owns(bucket, id, now) {
+		return ""
+	}
+	return ownerOf(bucket, id, slices.DeleteFunc(slices.Clone(o.names), func(n string) bool { return n == o.self }))
+}
+
+// handing reports whether this node answers requests for room of a key its owner
+// forwards (forwardTo): this node would own it without the owner, and its view of the
+// members changed less than settleStart ago (the owner forwards only while it has not
+// settled).
+func (o *owners) handing(bucket, id string, now int64) bool {
+	if o.names == nil || !o.relay || now >= o.changedAt+o.settleStart {
+		return false
+	}
+	owner := ownerOf(bucket, id, o.names)
+	if owner == o.self {
+		return false
+	}
+	return ownerOf(bucket, id, slices.DeleteFunc(slices.Clone(o.names), func(n string) bool { return n == owner })) == o.self
 }
 
 // grantRequest is a node's request for room of one key.
@@ -382,11 +410,23 @@ func (r *replicator) grant(q grantRequest, env shareEnv) (grantAnswer, bool) {
 		return ans, false
 	}
 	k := limiter.Key{Bucket: b, ID: q.v.id}
-	if !env.owns(k) {
-		return ans, true
+	if !env.owns(k) && !(env.handing != nil && env.handing(k)) {
+		// Not the owner, or not settled yet: in owner replication no answer, so that the
+		// asker falls back (fallBack) rather than take it for the limit used up.
+		return ans, !env.relay
 	}
 	ans.grant = r.slots.grantRoom(k, q.origin, q.want, q.v.endMS, q.sentAt+q.waitMS, env)
 	return ans, true
+}
+
+// handedGrant is what a member answering for a key's new owner (handing) tells the owner
+// of a grant: the asker's value with the bound the grant gives it (its request's bound
+// and the grant), as of the request, so that the owner sets it aside once it settles.
+func handedGrant(q grantRequest, g uint32) value {
+	v := q.v
+	v.share, v.capped = true, true
+	v.cap = uint32(min(uint64(v.cap)+uint64(g), math.MaxUint32-1))
+	return v
 }
 
 // grantSelf is the owner's grant to itself.
@@ -408,15 +448,23 @@ func (r *replicator) grantSelf(k limiter.Key, want uint32, endMS int64, env shar
 // while the nodes are projected to need a small part of the limit (farBelow), it takes a
 // member's part of what nobody holds as it knows, as a node first bound does, rather
 // than refuse a check far below the limit, and sends its bound with the next flush.
-// Nearer the limit the check is refused: only the owner gives out the last of it.
+// Nearer the limit the check is refused: only the owner gives out the last of it. In
+// owner replication a node takes the part the owner's last summary offered, once, or,
+// with no summary of the window yet (an owner settling after a change, silent or cut off),
+// a member's part of the limit, as each member does while its owner is silent
+// (relay.go, awaitOwners).
 func (r *replicator) fallBack(k limiter.Key, a *ask, endMS int64, env shareEnv) bool {
 	r.slots.planMu.Lock()
 	var took bool
-	if env.relay && !env.owned(k, r.lim) {
-		// Owner replication: the part the owner's last summary offered, once.
-		took = r.slots.takeAggPart(k, a.sizeMS, endMS)
-	} else {
+	switch s, _ := r.lim.Lookup(k); {
+	case !env.relay || env.owned(k, r.lim):
 		took = r.slots.takePart(k, endMS, env)
+	case r.slots.known(k, a.sizeMS, endMS):
+		took = r.slots.takeAggPart(k, a.sizeMS, endMS)
+	default:
+		c, ok := r.lim.CapIn(k, a.sizeMS, endMS)
+		part := memberPart(s.Limit, env)
+		took = ok && c < part && r.lim.RaiseCapTo(k, a.sizeMS, endMS, part)
 	}
 	r.slots.planMu.Unlock()
 	if !took {

@@ -1,6 +1,7 @@
 package cluster
 
 import (
+	"slices"
 	"sync"
 	"time"
 
@@ -39,21 +40,56 @@ func (c *Cluster) Stop() {
 // live member, over memberlist's reliable (TCP) path, in parallel, within timeout. A
 // member that does not take them in time is left: its state is then as after a lost
 // sync message, healed by its push/pulls with the others, which hold the same counts.
+// In owner replication (relay.go) each count goes to the member that owns its key once
+// this node is gone, with the slots this node holds as the owner of keys.
 func (c *Cluster) handoff(timeout time.Duration) {
 	peers := c.peers()
 	if len(peers) == 0 {
 		return
 	}
 	now := c.nowMS()
-	p := newPacker(now, c.origin, maxPacket)
+	env := c.shareEnv(now)
+	var rest []string // the owners once this node is gone
+	if env.relay {
+		rest = slices.DeleteFunc(slices.Clone(env.names), func(n string) bool { return n == c.cfg.NodeName })
+	}
+	own := map[string]*packer{} // by destination ("" every member)
+	relays := map[string]map[string][]value{}
 	keys := 0
 	c.lim.Each(func(k limiter.Key, s limiter.Snapshot) {
 		if s.Own > 0 && s.EndMS > now {
-			p.add(value{bucket: c.lim.BucketName(k.Bucket), id: k.ID, sizeMS: s.SizeMS, endMS: s.EndMS, count: s.Own})
+			bucket := c.lim.BucketName(k.Bucket)
+			to := ""
+			if rest != nil {
+				to = ownerOf(bucket, k.ID, rest)
+			}
+			if own[to] == nil {
+				own[to] = newPacker(now, c.origin, maxPacket)
+			}
+			own[to].add(value{bucket: bucket, id: k.ID, sizeMS: s.SizeMS, endMS: s.EndMS, count: s.Own})
 			keys++
 		}
 	})
-	msgs := p.messages()
+	if rest != nil {
+		c.slots.each(now, func(origin string, k limiter.Key, sl slot) {
+			bucket := c.lim.BucketName(k.Bucket)
+			if sl.count == 0 || ownerOf(bucket, k.ID, env.names) != c.cfg.NodeName {
+				return
+			}
+			to := ownerOf(bucket, k.ID, rest)
+			if relays[to] == nil {
+				relays[to] = map[string][]value{}
+			}
+			relays[to][origin] = append(relays[to][origin], value{bucket: bucket, id: k.ID, sizeMS: sl.sizeMS, endMS: sl.endMS, count: sl.count})
+		})
+	}
+	msgs := map[string][][]byte{}
+	for to, p := range own {
+		msgs[to] = p.messages()
+	}
+	for to, byOrigin := range relays {
+		msgs[to] = append(msgs[to], packRelay(now, byOrigin)...)
+	}
 	if len(msgs) == 0 {
 		return
 	}
@@ -62,8 +98,15 @@ func (c *Cluster) handoff(timeout time.Duration) {
 	var mu sync.Mutex
 	reached := 0
 	for _, n := range peers {
+		mine := msgs[n.Name]
+		if rest == nil {
+			mine = msgs[""]
+		}
+		if len(mine) == 0 {
+			continue
+		}
 		sent.Go(func() {
-			for _, msg := range msgs {
+			for _, msg := range mine {
 				if err := c.ml.SendReliable(&n, msg); err != nil {
 					c.m.sendErrors.Inc()
 					return
@@ -84,6 +127,10 @@ func (c *Cluster) handoff(timeout time.Duration) {
 	}
 	mu.Lock()
 	defer mu.Unlock()
-	c.log.Info("counts handed to the members before leaving", "counters", keys, "messages", len(msgs),
-		"members", len(peers), "reached", reached, "took", time.Since(start).Round(time.Millisecond))
+	to := len(msgs)
+	if rest == nil {
+		to = len(peers)
+	}
+	c.log.Info("counts handed to the members before leaving", "counters", keys, "members", to,
+		"reached", reached, "owner_replication", rest != nil, "took", time.Since(start).Round(time.Millisecond))
 }

@@ -66,7 +66,7 @@ func newMetrics(reg prometheus.Registerer, newestAge func() float64) *metrics {
 			[]string{"to"}),
 		kindMsgs: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "converger_cluster_sent_by_kind_messages_total",
-			Help: "Messages of this node's own protocol handed to the transport, by kind: values (counter values), view (the live view's minute counts), ask and answer (the owner's grants). What converger_cluster_sync_messages_total{direction=\"sent\"} has beyond their sum is memberlist's (probes, gossip, push/pull) and the state transfers."},
+			Help: "Messages of this node's own protocol handed to the transport, by kind: values (counter values), view (the live view's minute counts), ask and answer (the owner's grants), summary (a key owner's counts and bounds for a member), relay (counts relayed to a key's new owner) and busy (a node's busiest keys, with its live view's minute counts). What converger_cluster_sync_messages_total{direction=\"sent\"} has beyond their sum is memberlist's (probes, gossip, push/pull) and the state transfers."},
 			[]string{"kind"}),
 		kindBytes: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "converger_cluster_sent_by_kind_bytes_total",
@@ -100,10 +100,13 @@ func newMetrics(reg prometheus.Registerer, newestAge func() float64) *metrics {
 
 // The kinds of message this node's own protocol sends.
 const (
-	kindValues = "values"
-	kindView   = "view"
-	kindAsk    = "ask"
-	kindAnswer = "answer"
+	kindValues  = "values"
+	kindView    = "view"
+	kindAsk     = "ask"
+	kindAnswer  = "answer"
+	kindSummary = "summary"
+	kindRelay   = "relay"
+	kindBusy    = "busy"
 )
 
-var sendKinds = []string{kindValues, kindView, kindAsk, kindAnswer}
+var sendKinds = []string{kindValues, kindView, kindAsk, kindAnswer, kindSummary, kindRelay, kindBusy}

@@ -252,6 +252,19 @@ func packRelay(sentAt int64, byOrigin map[string][]value) [][]byte {
 	return packItems(relayKind, func(int) []byte { return nil }, items)
 }
 
+// packRelayShare encodes one origin's value, with share mode's fields, as sent at
+// sentAt (the origin's clock), into a relay message: a grant made for a key's new owner
+// (grant.go, handedGrant).
+func packRelayShare(sentAt int64, origin string, v value) [][]byte {
+	p := newPacker2(sentAt, origin, maxPacket-32)
+	p.add(v)
+	var items [][]byte
+	for _, m := range p.messages() {
+		items = append(items, appendState(nil, m))
+	}
+	return packItems(relayKind, func(int) []byte { return nil }, items)
+}
+
 // decodeRelay parses a relay message into its messages.
 func decodeRelay(b []byte) ([]message, error) {
 	raw, err := body(b, relayKind)
@@ -477,6 +490,12 @@ func (s *slots) summarizeKey(k limiter.Key, env shareEnv, share bool, reply stri
 		members = append(members, member{origin: origin, name: name, count: sl.count, first: sl.sumAt == 0, reported: sl.mergedAt > sl.sumAt})
 	}
 	s.mu.Unlock()
+	// Near the limit (the count, at its rate so far, would reach half of it by the
+	// window's end), a member's bound follows its reports by any amount, as a node's
+	// own did when it sent its value anyway; farther, only by amounts worth a message,
+	// so that a bound and the report of it do not chase each other.
+	elapsed := max(env.now-(end-size), env.intervalMS)
+	near := limit > 0 && 2*float64(total)*float64(size)/float64(elapsed) >= float64(limit)
 	for _, m := range members {
 		e := summaryEntry{bucket: s.lim.BucketName(k.Bucket), id: k.ID, sizeMS: size, endMS: end,
 			others: uint32(min(total-uint64(m.count), math.MaxUint32)), own: own}
@@ -484,7 +503,7 @@ func (s *slots) summarizeKey(k limiter.Key, env shareEnv, share bool, reply stri
 		var v shareView
 		if share {
 			var ok bool
-			if v, p, ok = s.planMember(k, snap, env, m.origin, m.reported); ok {
+			if v, p, ok = s.planMember(k, snap, env, m.origin, m.reported && near); ok {
 				e.planned = true
 				recheck = recheck || (v.grants && ((p.curCapped && p.cur > v.self.count) || p.nextCapped))
 				e.cur, e.curCapped = uint32(min(max(p.cur, 0), math.MaxUint32-1)), p.curCapped
@@ -628,7 +647,14 @@ func (s *slots) planMember(k limiter.Key, snap limiter.Snapshot, env shareEnv, o
 	v.peers[i] = v.self
 	v.self = m
 	v.sending = reported
-	return v, v.plan(), true
+	p := v.plan()
+	if m.floor > 0 && p.curCapped && p.cur < m.claim {
+		// Room set aside for it lately (a grant, a raise) that its reports do not show
+		// yet: its bound does not fall under it, as a node's own plan never lowered a
+		// bound a grant had just raised.
+		p.cur = m.claim
+	}
+	return v, p, true
 }
 
 // applySummary applies a key owner's summary at env.now: the others' counts, the
@@ -658,12 +684,15 @@ func (r *replicator) applySummary(m summary, env shareEnv) (dropped int) {
 		}
 		raise := now <= m.sentAt+m.raiseMS
 		r.slots.planMu.Lock()
-		changed := r.applyBound(k, e.sizeMS, e.endMS, e.cur, e.curCapped, raise)
+		before, had := r.lim.CapIn(k, e.sizeMS, e.endMS)
+		r.applyBound(k, e.sizeMS, e.endMS, e.cur, e.curCapped, raise)
 		r.applyBound(k, e.sizeMS, e.endMS+e.sizeMS, e.next, e.nextCapped, raise)
+		after, has := r.lim.CapIn(k, e.sizeMS, e.endMS)
 		r.slots.planMu.Unlock()
-		if changed {
-			// Its value goes to the owner at the next flush: the owner sets aside what
-			// this node holds from its reports.
+		if had && (!has || after < before) {
+			// A fall goes to the owner at the next flush: it sets aside what this node
+			// held until a report shows the fall. (A raise, or a first bound, it set
+			// aside already.)
 			r.asks.noteGranted(k)
 		}
 	}

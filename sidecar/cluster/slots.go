@@ -353,6 +353,9 @@ type shareEnv struct {
 	names  []string
 	self   string
 	waitMS int64
+	// handing reports whether this node answers the requests for room of a key that
+	// its new owner forwards (grant.go, owners.handing).
+	handing func(k limiter.Key) bool
 }
 
 // ownerOf is the owner of a key of the bucket named among the env's owners ("": none).
@@ -529,6 +532,17 @@ func (s *slots) known(k limiter.Key, sizeMS, endMS int64) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.keys[k].aggOf(sizeMS, endMS) != nil
+}
+
+// aggIn returns the others' count of k its owner last reported, in the window of sizeMS
+// ending at endMS (relay.go).
+func (s *slots) aggIn(k limiter.Key, sizeMS, endMS int64) (uint32, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if a := s.keys[k].aggOf(sizeMS, endMS); a != nil {
+		return a.others, true
+	}
+	return 0, false
 }
 
 // view returns k's slots with their origins' names, for the debug endpoint.

@@ -3,6 +3,7 @@ package cluster
 import (
 	"context"
 	"encoding/binary"
+	"math"
 	"slices"
 	"strings"
 	"time"
@@ -273,6 +274,9 @@ func (c *Cluster) receiveViewQuery(b []byte) {
 	c.viewMu.Unlock()
 	if !recent {
 		c.sendTraffic(now, []memberlist.Node{n})
+		if len(n.Meta) >= 2 && n.Meta[1]&featureRelay != 0 && !c.cfg.Broadcast {
+			c.sendBusy(now, n)
+		}
 	}
 }
 
@@ -403,3 +407,131 @@ func (c *Cluster) Status() []MemberStatus {
 
 // SyncInterval is how often this node sends its changed counters.
 func (c *Cluster) SyncInterval() time.Duration { return c.cfg.SyncInterval }
+
+// The busiest keys in owner replication. A node hears of a key only if it counts, reads
+// or owns it (relay.go), so a member's answer to a view query also carries its busiest
+// keys, with their counts of every node as it knows them; the asking node reads each
+// (a Peek: it asks the key's owner for the count, relay.go) and offers it to its table
+// of busy keys, which the next read of the live view shows with the owner's count.
+//
+//	busy  := busyKind(1 byte) sentAt(varint) origin(string) n(uvarint) entry{n}
+//	entry := bucket(string) id(string) sizeMS(uvarint) endMS(varint, minus sentAt) count(uvarint) limit(uvarint)
+//
+// It goes only to members that announce featureRelay.
+const (
+	busyKind byte = 'B'
+	// busyTop is how many of its busiest keys per bucket a node reports.
+	busyTop = 10
+	// maxBusy bounds the entries of one busy message a node takes.
+	maxBusy = 1024
+)
+
+// busyEntry is one of a member's busiest keys.
+type busyEntry struct {
+	bucket, id    string
+	sizeMS, endMS int64
+	count, limit  uint32
+}
+
+// packBusy encodes entries into messages of at most limit bytes.
+func packBusy(sentAt int64, origin string, entries []busyEntry) [][]byte {
+	items := make([][]byte, len(entries))
+	for i, e := range entries {
+		b := appendString(nil, e.bucket)
+		b = appendString(b, e.id)
+		b = binary.AppendUvarint(b, uint64(e.sizeMS))
+		b = binary.AppendVarint(b, e.endMS-sentAt)
+		b = binary.AppendUvarint(b, uint64(e.count))
+		items[i] = binary.AppendUvarint(b, uint64(e.limit))
+	}
+	var out [][]byte
+	head := func(n int) []byte {
+		h := binary.AppendVarint([]byte{busyKind}, sentAt)
+		h = appendString(h, origin)
+		return binary.AppendUvarint(h, uint64(n))
+	}
+	var body []byte
+	n := 0
+	for _, it := range items {
+		if n > 0 && len(head(n+1))+len(body)+len(it) > maxPacket {
+			out = append(out, append(head(n), body...))
+			body, n = nil, 0
+		}
+		body = append(body, it...)
+		n++
+	}
+	if n > 0 {
+		out = append(out, append(head(n), body...))
+	}
+	return out
+}
+
+func decodeBusy(b []byte) (origin string, entries []busyEntry, err error) {
+	if len(b) < 1 || b[0] != busyKind {
+		return "", nil, errMalformed
+	}
+	r := reader{b: b[1:]}
+	sentAt := r.varint()
+	origin = r.string()
+	n := r.uvarint()
+	if r.err != nil || origin == "" || n > uint64(len(r.b)) || n > maxBusy {
+		return "", nil, errMalformed
+	}
+	entries = make([]busyEntry, 0, n)
+	for range n {
+		e := busyEntry{bucket: r.string(), id: r.string()}
+		size := r.uvarint()
+		e.endMS = sentAt + r.varint()
+		count, limit := r.uvarint(), r.uvarint()
+		if r.err != nil || e.id == "" || size == 0 || size > maxWindowMS || count > math.MaxUint32 || limit > math.MaxUint32 {
+			return "", nil, errMalformed
+		}
+		e.sizeMS, e.count, e.limit = int64(size), uint32(count), uint32(limit)
+		entries = append(entries, e)
+	}
+	if r.err != nil || len(r.b) != 0 {
+		return "", nil, errMalformed
+	}
+	return origin, entries, nil
+}
+
+// sendBusy sends this node's busiest keys to member n (an answer to its view query).
+func (c *Cluster) sendBusy(now int64, n memberlist.Node) {
+	var entries []busyEntry
+	for _, bb := range c.cfg.Traffic.Busiest(busyTop, nil) {
+		for _, k := range bb.Keys {
+			entries = append(entries, busyEntry{bucket: bb.Bucket, id: k.ID, sizeMS: k.Limit.Window.Milliseconds(),
+				endMS: k.WindowEndMS, count: k.Count, limit: k.Limit.Count})
+		}
+	}
+	for _, msg := range packBusy(now, c.origin, entries) {
+		c.send(&n, kindBusy, msg)
+	}
+}
+
+// receiveBusy reads a member's busiest keys here, so that their owners send their counts
+// (a Peek), and offers them to the table of busy keys.
+func (c *Cluster) receiveBusy(b []byte) {
+	origin, entries, err := decodeBusy(b)
+	if err != nil {
+		c.m.malformed.Inc()
+		return
+	}
+	if origin == c.origin || c.cfg.Traffic == nil {
+		return
+	}
+	now := c.nowMS()
+	for _, e := range entries {
+		if e.endMS <= now || e.sizeMS <= 0 || strings.HasSuffix(e.bucket, limiter.RefundSuffix) {
+			continue
+		}
+		bucket, ok := c.slots.bucket(e.bucket)
+		if !ok || len(e.id) > maxString {
+			continue
+		}
+		k := limiter.Key{Bucket: bucket, ID: e.id}
+		lim := limiter.Limit{Count: e.limit, Window: time.Duration(e.sizeMS) * time.Millisecond}
+		c.lim.Peek(k, lim)
+		c.cfg.Traffic.Offer(k, e.count, lim, e.endMS)
+	}
+}

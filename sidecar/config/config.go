@@ -140,6 +140,10 @@ type Cluster struct {
 	NodeName      string   // CLUSTER_NODE_NAME
 	SecretKey     []byte   // CLUSTER_SECRET_KEY (decoded)
 	Insecure      bool     // CLUSTER_INSECURE
+	// Replication (CLUSTER_REPLICATION) is "owner" (the default: each key's values go
+	// to its owner, which sends every member its summary) or "broadcast" (every value
+	// to every member, as releases before owner replication did).
+	Replication string
 }
 
 // Defaults.
@@ -624,6 +628,11 @@ func (c *Config) loadCluster(getenv func(string) string) error {
 	var err error
 	if cl.Insecure, err = boolVar(getenv, "CLUSTER_INSECURE", false); err != nil {
 		return err
+	}
+	switch cl.Replication = orDefault(strings.TrimSpace(getenv("CLUSTER_REPLICATION")), "owner"); cl.Replication {
+	case "owner", "broadcast":
+	default:
+		return fmt.Errorf("CLUSTER_REPLICATION=%q: must be owner or broadcast", cl.Replication)
 	}
 
 	def := "local"

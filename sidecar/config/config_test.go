@@ -64,6 +64,7 @@ func TestDefaults(t *testing.T) {
 		{"GCHeadroomMB", c.GCHeadroomMB, 128},
 		{"GrantWait", c.GrantWait, 25 * time.Millisecond},
 		{"GrantMaxLimit", c.GrantMaxLimit, uint32(100)},
+		{"Cluster.Replication", c.Cluster.Replication, "owner"},
 	} {
 		if f.got != f.want {
 			t.Errorf("%s = %v, want %v", f.name, f.got, f.want)
@@ -97,6 +98,7 @@ func TestValidEnvironment(t *testing.T) {
 		"RATE_LIMIT_SYNC_INTERVAL_MS": "250",
 		"RATE_LIMIT_GRANT_WAIT_MS":    "0",
 		"RATE_LIMIT_GRANT_MAX_LIMIT":  "1000",
+		"CLUSTER_REPLICATION":         "broadcast",
 		"TRUSTED_PROXIES":             "10.0.0.0/8, 192.168.1.7 ,::ffff:172.16.0.0/108",
 		"TOKEN_VERIFY_KEYS":           key1 + "," + key2,
 		"LOG_LEVEL":                   "DEBUG",
@@ -122,8 +124,8 @@ func TestValidEnvironment(t *testing.T) {
 	if c.Verifier == nil {
 		t.Error("TOKEN_VERIFY_KEYS set but no verifier")
 	}
-	if c.GrantWait != 0 || c.GrantMaxLimit != 1000 {
-		t.Errorf("GrantWait %v, GrantMaxLimit %d", c.GrantWait, c.GrantMaxLimit)
+	if c.GrantWait != 0 || c.GrantMaxLimit != 1000 || c.Cluster.Replication != "broadcast" {
+		t.Errorf("GrantWait %v, GrantMaxLimit %d, Cluster.Replication %s", c.GrantWait, c.GrantMaxLimit, c.Cluster.Replication)
 	}
 }
 
@@ -151,6 +153,8 @@ func TestInvalidEnvironment(t *testing.T) {
 		{"CLUSTER_STRATEGY", "static"},
 		{"CLUSTER_STRATEGY", "dns"},
 		{"CLUSTER_STRATEGY", "mesh"},
+		{"CLUSTER_REPLICATION", "gossip"},
+		{"CLUSTER_REPLICATION", "Owner"},
 		{"RATE_LIMIT_SYNC_INTERVAL_MS", "0"},
 		{"RATE_LIMIT_GRANT_MAX_LIMIT", "0"},
 		{"RATE_LIMIT_GRANT_MAX_LIMIT", "-5"},
