@@ -149,7 +149,7 @@ func Start(cfg *config.Config, o Options) (*Sidecar, error) {
 			Strategy: cl.Strategy, Join: cl.Join, DNSName: cl.DNSName, SecretKey: cl.SecretKey,
 			SyncInterval: cfg.SyncInterval, ShareMode: cfg.ShareMode, GrantWait: grantWait(cfg.GrantWait), GrantMaxLimit: cfg.GrantMaxLimit, Traffic: s.Traffic,
 			Broadcast: cl.Replication == "broadcast",
-			Now: o.Now, Logger: log, Registry: s.Metrics.Registry,
+			Now:       o.Now, Logger: log, Registry: s.Metrics.Registry,
 		}, s.Limiter)
 		if err != nil {
 			return nil, err
