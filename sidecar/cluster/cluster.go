@@ -620,10 +620,15 @@ func (c *Cluster) askRoom(k limiter.Key, n uint32, sizeMS, endMS int64) bool {
 	if snap, ok := c.lim.Lookup(k); !ok || !env.grantsFor(int64(snap.Limit)) {
 		return false
 	}
+	bucket := c.lim.BucketName(k.Bucket)
 	c.ownersMu.Lock()
-	owner := ownerOf(c.lim.BucketName(k.Bucket), k.ID, c.owners.names)
+	owner := ownerOf(bucket, k.ID, c.owners.names)
+	if to := c.owners.forwardTo(bucket, k.ID, now); to != "" {
+		// The owner, not settled: the member that owned the key before answers.
+		owner = to
+	}
 	c.ownersMu.Unlock()
-	if owner == c.cfg.NodeName {
+	if owner == c.cfg.NodeName || (env.handing != nil && env.handing(k)) {
 		g := c.rep.grantSelf(k, n, endMS, env)
 		c.noteGrant("self", g)
 		return g > 0

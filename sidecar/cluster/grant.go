@@ -120,15 +120,17 @@ func (o *owners) forwardTo(bucket, id string, now int64) string {
 }
 
 // handing reports whether this node answers requests for room of a key its owner
-// forwards (forwardTo): this node would own it without the owner, and its view of the
-// members changed less than settleStart ago (the owner forwards only while it has not
-// settled).
+// forwards (forwardTo): it owned the key before its view of the members last changed,
+// it would own it without the owner (a member that joined or came back), and the change
+// is less than settleStart old (the owner forwards only while it has not settled). A
+// member that comes to own a key another left is not handed it: nobody answers for it
+// until it settles.
 func (o *owners) handing(bucket, id string, now int64) bool {
-	if o.names == nil || !o.relay || now >= o.changedAt+o.settleStart {
+	if o.names == nil || o.prev == nil || !o.relay || now >= o.changedAt+o.settleStart {
 		return false
 	}
 	owner := ownerOf(bucket, id, o.names)
-	if owner == o.self {
+	if owner == o.self || ownerOf(bucket, id, o.prev) != o.self {
 		return false
 	}
 	return ownerOf(bucket, id, slices.DeleteFunc(slices.Clone(o.names), func(n string) bool { return n == owner })) == o.self
@@ -433,7 +435,7 @@ func handedGrant(q grantRequest, g uint32) value {
 func (r *replicator) grantSelf(k limiter.Key, want uint32, endMS int64, env shareEnv) uint32 {
 	r.slots.planMu.Lock()
 	defer r.slots.planMu.Unlock()
-	if !env.owns(k) {
+	if !env.owns(k) && !(env.handing != nil && env.handing(k)) {
 		return 0
 	}
 	g := r.slots.grantRoom(k, r.origin, want, endMS, env.now, env)

@@ -494,8 +494,7 @@ func (s *slots) summarizeKey(k limiter.Key, env shareEnv, share bool, reply stri
 	// window's end), a member's bound follows its reports by any amount, as a node's
 	// own did when it sent its value anyway; farther, only by amounts worth a message,
 	// so that a bound and the report of it do not chase each other.
-	elapsed := max(env.now-(end-size), env.intervalMS)
-	near := limit > 0 && 2*float64(total)*float64(size)/float64(elapsed) >= float64(limit)
+	near := nearLimit(total, limit, size, end, env)
 	for _, m := range members {
 		e := summaryEntry{bucket: s.lim.BucketName(k.Bucket), id: k.ID, sizeMS: size, endMS: end,
 			others: uint32(min(total-uint64(m.count), math.MaxUint32)), own: own}
@@ -503,7 +502,7 @@ func (s *slots) summarizeKey(k limiter.Key, env shareEnv, share bool, reply stri
 		var v shareView
 		if share {
 			var ok bool
-			if v, p, ok = s.planMember(k, snap, env, m.origin, m.reported && near); ok {
+			if v, p, ok = s.planMember(k, snap, env, m.origin, m.reported, near); ok {
 				e.planned = true
 				recheck = recheck || (v.grants && ((p.curCapped && p.cur > v.self.count) || p.nextCapped))
 				e.cur, e.curCapped = uint32(min(max(p.cur, 0), math.MaxUint32-1)), p.curCapped
@@ -540,7 +539,7 @@ func (s *slots) summarizeKey(k limiter.Key, env shareEnv, share bool, reply stri
 		}
 		s.mu.Unlock()
 		c.e = e
-		oid, now, raise := s.origins[m.origin], env.now, env.raiseMS()
+		oid, now := s.origins[m.origin], env.now
 		c.apply = func() {
 			s.mu.Lock()
 			defer s.mu.Unlock()
@@ -553,16 +552,23 @@ func (s *slots) summarizeKey(k limiter.Key, env shareEnv, share bool, reply stri
 				return
 			}
 			sl.sumBounds = boundsOf(e)
-			if e.curCapped && (!sl.capped || e.cur > max(sl.cap, sl.floor)) {
-				// A raise, or a first bound: set aside for the member at once, until a
-				// value it sent after the last moment it may apply it.
-				sl.floor = max(sl.floor, e.cur)
-				sl.floorUntil = max(sl.floorUntil, now+raise)
-			}
 		}
 		cands = append(cands, c)
 	}
 	return cands, recheck
+}
+
+// nearLimit reports whether a key's count of every node, total, could reach half its
+// limit before a value that waits (lazyAfter) would be sent and delivered, at twice its
+// rate so far in the window ending at end: the projection of lazy values (lazy.go) for
+// the cluster as a whole.
+func nearLimit(total uint64, limit, size, end int64, env shareEnv) bool {
+	if limit <= 0 {
+		return false
+	}
+	elapsed := float64(max(env.now-(end-size), env.intervalMS))
+	horizon := float64(min(lazyAfter(env, size)+2*env.intervalMS, max(end-env.now, 0)))
+	return 2*(float64(total)+2*float64(total)/elapsed*horizon) >= float64(limit)
 }
 
 // slotOf is the slot of origin oid in the window ending at end (the caller holds mu).
@@ -625,10 +631,13 @@ func (sl *slot) boundsChanged(e summaryEntry, self shareNode, limit, now, interv
 // planMember is share mode's plan of member origin's bounds of k, by this node, its
 // owner: the member's view as this node knows it (the member's count, demand and bound
 // from its reports, with what this node set aside for it; this node among the others).
-// reported says the member sent a value since its last summary: as a node sending its
-// value anyway, its bound may move by any amount (else only by one worth a message).
+// reported says the member sent a value since its last summary, and near that the key is
+// near its limit (nearLimit): then, as a node sending its value anyway, its bound may
+// move by any amount (else only by one worth a message). Far from the limit a member's
+// values wait (lazy.go): one whose demand did not grow in a while is not taken to be
+// silent.
 // The caller holds planMu.
-func (s *slots) planMember(k limiter.Key, snap limiter.Snapshot, env shareEnv, origin string, reported bool) (shareView, sharePlan, bool) {
+func (s *slots) planMember(k limiter.Key, snap limiter.Snapshot, env shareEnv, origin string, reported, near bool) (shareView, sharePlan, bool) {
 	v, ok := s.shareView(k, snap, env)
 	if !ok {
 		return v, sharePlan{}, false
@@ -644,9 +653,12 @@ func (s *slots) planMember(k limiter.Key, snap limiter.Snapshot, env shareEnv, o
 	if m.floor > 0 {
 		m.claim = max(m.claim, m.floor)
 	}
+	if !near && m.demand > 0 {
+		m.grewAt = env.now
+	}
 	v.peers[i] = v.self
 	v.self = m
-	v.sending = reported
+	v.sending = reported && near
 	p := v.plan()
 	if m.floor > 0 && p.curCapped && p.cur < m.claim {
 		// Room set aside for it lately (a grant, a raise) that its reports do not show

@@ -230,6 +230,13 @@ func (l *Limiter) Check(k Key, n uint32, lim Limit) Result {
 		own, ok = l.addAgain(k, ext, n, w, end, windowMS(lim))
 		total = ext.total(own, w)
 	}
+	if !ok && (total > lim.Count || n > lim.Count-total) {
+		// The limit refuses them too: counted, as denied hits are without a bound (they
+		// take nobody's room: none is left).
+		_, own, _, _ = l.add(k, n, w, end, windowMS(lim), false, false)
+		ext.unnoteRefused(n, w)
+		total = ext.total(own, w)
+	}
 	return decide(ok && total <= lim.Count, total, lim, now, end)
 }
 
@@ -281,25 +288,25 @@ func (l *Limiter) Peek(k Key, lim Limit) Result {
 	s := l.shard(k)
 	s.mu.RLock()
 	e := s.get(k)
-	known := false
+	counted := false
 	if e != nil {
 		count, _ = e.current(w, windowMS(lim))
+		counted = count > 0
 		if e.ext != nil {
-			known = count > 0 || e.ext.remoteIn(w)
 			count = e.ext.total(count, w)
 		}
 	}
 	s.mu.RUnlock()
-	if !known && l.replicated && l.unknown.Load() != nil {
+	if !counted && l.replicated && l.unknown.Load() != nil {
 		l.interest(k, lim, end)
 	}
 	count -= min(count, l.refunded(k, w, windowMS(lim)))
 	return decide(count < lim.Count, count, lim, now, end)
 }
 
-// interest lists k for the next sync (DrainChanged) with nothing counted: read here and
-// not known, so that the cluster asks for its count (a node that only reads a counter
-// is sent the others' counts of it).
+// interest lists k for the next sync (DrainChanged) with nothing counted: read here, not
+// counted, so that the cluster asks for its count if it has not yet (a node that only
+// reads a counter is sent the others' counts of it).
 func (l *Limiter) interest(k Key, lim Limit, end int64) {
 	e := l.replicaEntry(k, windowMS(lim), end)
 	if e == nil {
