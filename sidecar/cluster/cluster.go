@@ -259,6 +259,17 @@ func Start(cfg Config, lim *limiter.Limiter) (*Cluster, error) {
 	return c, nil
 }
 
+// Settling reports whether this node, new to the cluster, does not answer for the keys
+// it owns yet (owners.owns: until the bounds the others held of them have reached it or
+// lapsed, a few sync intervals after its start). Meanwhile the members that ask it for
+// room of a small limit take only their part of it, so the sidecar reports itself not
+// ready until it has settled.
+func (c *Cluster) Settling() bool {
+	c.ownersMu.Lock()
+	defer c.ownersMu.Unlock()
+	return c.grantsOn() && c.nowMS() < c.owners.startedAt+c.owners.settleStart
+}
+
 // Members returns the number of live members, this node included.
 func (c *Cluster) Members() int { return c.ml.NumMembers() }
 
@@ -744,9 +755,14 @@ func (c *Cluster) receiveAnswer(b []byte) {
 		c.m.malformed.Inc()
 		return
 	}
-	a, applied := c.rep.answer(ans, c.nowMS(), max(c.cfg.SyncInterval.Milliseconds(), 1))
+	a, applied, late := c.rep.answer(ans, c.nowMS(), max(c.cfg.SyncInterval.Milliseconds(), 1))
 	switch {
 	case a == nil:
+	case late:
+		c.m.grants.WithLabelValues("asked", "late").Inc()
+		if applied {
+			c.m.grants.WithLabelValues("asked", "late_applied").Inc()
+		}
 	case applied:
 		c.m.grants.WithLabelValues("asked", "granted").Inc()
 	case ans.grant == 0:
@@ -802,6 +818,16 @@ type DebugCounter struct {
 // Debug returns one counter's state: this node's count and every remote slot.
 func (c *Cluster) Debug(bucket, key string) DebugCounter {
 	d := DebugCounter{Bucket: bucket, Key: key, Origin: c.origin, Members: c.MemberNames(), Slots: []SlotView{}}
+	// The owner follows from the names alone: a key nobody counted yet has one too.
+	c.ownersMu.Lock()
+	d.Replication = "broadcast"
+	if c.owners.relay {
+		d.Replication = "owner"
+	}
+	if c.owners.names != nil {
+		d.Owner = ownerOf(bucket, key, c.owners.names)
+	}
+	c.ownersMu.Unlock()
 	b, ok := c.lim.LookupBucket(bucket)
 	if !ok {
 		return d
@@ -822,15 +848,6 @@ func (c *Cluster) Debug(bucket, key string) DebugCounter {
 	if others, ok := c.slots.aggIn(k, d.WindowMS, d.WindowEndMS); ok {
 		d.OwnerOthers = &others
 	}
-	c.ownersMu.Lock()
-	d.Replication = "broadcast"
-	if c.owners.relay {
-		d.Replication = "owner"
-	}
-	if c.owners.names != nil {
-		d.Owner = ownerOf(bucket, key, c.owners.names)
-	}
-	c.ownersMu.Unlock()
 	return d
 }
 

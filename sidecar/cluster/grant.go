@@ -237,10 +237,13 @@ func decodeAnswer(b []byte) (grantAnswer, error) {
 // to every member: at the next flush once a grant raised the bound, so that all know
 // it, and in any case at the first flush after the request's deadline, so that the
 // owner, which holds what it granted until a value sent after it, lets go of a grant
-// that came late or not at all.
+// that came late or not at all. An answer that comes after the deadline but before
+// that flush is still applied (the owner holds the grant, and the flush tells it of
+// the raised bound); after the flush it is not, as the owner may have let go of it.
 type asks struct {
 	mu      sync.Mutex
 	pending map[limiter.Key]*ask
+	late    map[limiter.Key]*ask     // timed out, its value not sent yet
 	soon    map[limiter.Key]struct{} // sent by the next flush
 	after   map[limiter.Key]int64    // sent by the first flush after the time
 	lastID  uint64
@@ -283,6 +286,9 @@ func (as *asks) start(k limiter.Key, sizeMS, endMS, now, waitMS int64) (a *ask, 
 	if len(as.pending) >= maxAsks || len(as.after) >= 2*maxAsks {
 		return nil, false, false
 	}
+	// A new request carries this node's bound: an earlier one's late grant no longer
+	// adds to it as the owner will see it.
+	delete(as.late, k)
 	as.lastID++
 	a = &ask{id: as.lastID, sizeMS: sizeMS, endMS: endMS, deadline: now + waitMS, done: make(chan struct{})}
 	as.pending[k] = a
@@ -299,11 +305,18 @@ func (as *asks) sendAfter(k limiter.Key, at int64) {
 }
 
 // end drops k's request a (timed out or answered) and, when nothing was granted,
-// keeps the node from asking again for k until zeroUntil.
+// keeps the node from asking again for k until zeroUntil. A request that timed out
+// waits for a late answer until the flush after its deadline (due).
 func (as *asks) end(k limiter.Key, a *ask, zeroUntil int64) {
 	as.mu.Lock()
 	if as.pending[k] == a {
 		delete(as.pending, k)
+		if _, unsent := as.after[k]; unsent && !a.answered {
+			if as.late == nil {
+				as.late = map[limiter.Key]*ask{}
+			}
+			as.late[k] = a
+		}
 	}
 	if zeroUntil > 0 && as.zero != nil {
 		as.zero[k] = zeroUntil
@@ -312,14 +325,19 @@ func (as *asks) end(k limiter.Key, a *ask, zeroUntil int64) {
 	a.finish()
 }
 
-// take returns k's request of id, if it is outstanding.
-func (as *asks) take(k limiter.Key, id uint64) *ask {
+// take returns k's request of id, if it is outstanding, or if it timed out and its
+// value has not been sent since (late).
+func (as *asks) take(k limiter.Key, id uint64) (a *ask, late bool) {
 	as.mu.Lock()
 	defer as.mu.Unlock()
 	if a := as.pending[k]; a != nil && a.id == id {
-		return a
+		return a, false
 	}
-	return nil
+	if a := as.late[k]; a != nil && a.id == id {
+		delete(as.late, k)
+		return a, true
+	}
+	return nil, false
 }
 
 // result reports whether a's answer granted room, or the node took a part of the free
@@ -356,6 +374,13 @@ func (as *asks) due(now int64) []limiter.Key {
 			delete(as.after, k)
 		}
 	}
+	// This flush's values are sent after the deadlines before now: the owner lets go of
+	// those requests' grants when it merges them.
+	for k, a := range as.late {
+		if a.deadline <= now {
+			delete(as.late, k)
+		}
+	}
 	return out
 }
 
@@ -372,6 +397,11 @@ func (as *asks) sweep(now int64) {
 		if a.endMS <= now || a.deadline+1000 < now {
 			delete(as.pending, k)
 			a.finish()
+		}
+	}
+	for k, a := range as.late {
+		if a.endMS <= now || a.deadline+1000 < now {
+			delete(as.late, k)
 		}
 	}
 }
@@ -480,19 +510,35 @@ func (r *replicator) fallBack(k limiter.Key, a *ask, endMS int64, env shareEnv) 
 }
 
 // answer applies an owner's answer at now (this node's clock): the bound of the key
-// rises by the grant if the request is still waited on, and its value goes to every
-// member with the next flush. It returns the request and whether it was applied.
-func (r *replicator) answer(ans grantAnswer, now, intervalMS int64) (*ask, bool) {
+// rises by the grant if the request is still waited on, or timed out but its value has
+// not been sent since (late; the checks that waited on it were decided without it),
+// and its value goes to every member with the next flush. It returns the request,
+// whether it was applied and whether it came late.
+func (r *replicator) answer(ans grantAnswer, now, intervalMS int64) (a *ask, applied, late bool) {
 	b, ok := r.lim.LookupBucket(ans.bucket)
 	if !ok {
-		return nil, false
+		return nil, false, false
 	}
 	k := limiter.Key{Bucket: b, ID: ans.key}
-	a := r.asks.take(k, ans.id)
-	if a == nil || a.endMS != ans.endMS || now > a.deadline {
-		return a, false
+	a, late = r.asks.take(k, ans.id)
+	if a == nil || a.endMS != ans.endMS {
+		return a, false, late
 	}
-	applied := false
+	if late || now > a.deadline {
+		if !late || ans.grant == 0 {
+			return a, false, true
+		}
+		r.asks.mu.Lock()
+		to := uint64(a.reqCap) + uint64(ans.grant)
+		r.asks.mu.Unlock()
+		r.slots.planMu.Lock()
+		applied = r.lim.RaiseCapTo(k, a.sizeMS, a.endMS, uint32(min(to, math.MaxUint32-1)))
+		r.slots.planMu.Unlock()
+		if applied {
+			r.asks.noteGranted(k)
+		}
+		return a, applied, true
+	}
 	if ans.grant > 0 {
 		// To the bound the request carried and the grant: the owner holds that much
 		// for this node (the bound may have fallen meanwhile, by its own plan).
@@ -516,7 +562,7 @@ func (r *replicator) answer(ans grantAnswer, now, intervalMS int64) (*ask, bool)
 		zeroUntil = now + intervalMS
 	}
 	r.asks.end(k, a, zeroUntil)
-	return a, applied
+	return a, applied, false
 }
 
 // sortedNames returns names sorted (a membership's grant-capable members).

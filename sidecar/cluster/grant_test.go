@@ -237,3 +237,59 @@ func TestGrantMaxLimitIsTheSmallestAnnounced(t *testing.T) {
 		}
 	}
 }
+
+// TestLateAnswerRaisesTheBoundUntilTheNextValue: an owner's grant that comes after the
+// asker's wait still raises the bound for the checks that follow, as long as the asker
+// has sent no value since its deadline (the owner holds the grant until it merges one);
+// after that value, or once the node asked again, it is not applied: the owner may have
+// given that room to another node.
+func TestLateAnswerRaisesTheBoundUntilTheNextValue(t *testing.T) {
+	lim := limiter.New(limiter.Options{Replicated: true})
+	r := newReplicator(lim, "b#1", true)
+	k := limiter.Key{Bucket: lim.Bucket("token_create"), ID: "192.0.2.1"}
+	l := limiter.Limit{Count: 10, Window: time.Hour}
+	if !lim.Check(k, 1, l).Allowed {
+		t.Fatal("first check refused")
+	}
+	size := l.Window.Milliseconds()
+	now := lim.NowMS()
+	end := windowEnd(now, size)
+	lim.SetCap(k, size, end, 1)
+	capOf := func() uint32 {
+		c, _ := lim.CapIn(k, size, end)
+		return c
+	}
+	askAt := func(at int64) *ask {
+		a, first, ok := r.asks.start(k, size, end, at, 25)
+		if !ok || !first {
+			t.Fatalf("no new request at %d: %v %v", at, first, ok)
+		}
+		r.request(k, a, 1, at, 25)
+		r.asks.end(k, a, 0) // timed out
+		return a
+	}
+	answer := func(a *ask, at int64, grant uint32) (bool, bool) {
+		_, applied, late := r.answer(grantAnswer{origin: "a#1", id: a.id, bucket: "token_create", key: k.ID, endMS: end, grant: grant}, at, 100)
+		return applied, late
+	}
+
+	a := askAt(now)
+	if applied, late := answer(a, now+30, 3); !applied || !late || capOf() != 4 {
+		t.Fatalf("late answer before the next value: applied %v, late %v, bound %d; want applied, late, 4", applied, late, capOf())
+	}
+	if applied, _ := answer(a, now+31, 3); applied {
+		t.Fatal("the same answer applied twice")
+	}
+
+	a = askAt(now + 40)
+	r.asks.due(now + 40 + 26) // a flush after the deadline sends the value
+	if applied, _ := answer(a, now+70, 5); applied || capOf() != 4 {
+		t.Fatalf("late answer after the next value: applied %v, bound %d; want not applied, 4", applied, capOf())
+	}
+
+	a = askAt(now + 80)
+	askAt(now + 81) // asked again: its request carries the bound as it is
+	if applied, _ := answer(a, now+90, 5); applied || capOf() != 4 {
+		t.Fatalf("late answer to a request asked again: applied %v, bound %d", applied, capOf())
+	}
+}

@@ -58,7 +58,7 @@ func newMetrics(reg prometheus.Registerer, newestAge func() float64) *metrics {
 			Name: "converger_cluster_share_mode_caps_total", Help: "Times share mode bounded a counter's share for one interval."}),
 		grants: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "converger_cluster_share_grants_total",
-			Help: "Requests for room of a key refused by share mode's bound below the limit. role=asked (this node asked the key's owner): result sent, granted, zero (nothing left), timed_out (no answer in time: the check was refused, unless took_part), took_part (timed out far below the limit: the node took a member's part of the free room), late (answered after the wait); role=answered_other or answered_self (this node owns the key): result granted or zero."},
+			Help: "Requests for room of a key refused by share mode's bound below the limit. role=asked (this node asked the key's owner): result sent, granted, zero (nothing left), timed_out (no answer in time: the check was refused, unless took_part), took_part (timed out far below the limit: the node took a member's part of the free room), late (answered after the wait), late_applied (of those late, the ones whose grant still raised the bound for the next checks: the answer came before the node's next value); role=answered_other or answered_self (this node owns the key): result granted or zero."},
 			[]string{"role", "result"}),
 		grantedHits: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "converger_cluster_share_granted_hits_total",
@@ -77,7 +77,7 @@ func newMetrics(reg prometheus.Registerer, newestAge func() float64) *metrics {
 	m.bytesSent, m.bytesRecv = m.bytes.WithLabelValues("sent"), m.bytes.WithLabelValues("received")
 	// Every series of the grants at 0 from the start, so that a rate of timed-out
 	// requests (an alert) has a series before the first one.
-	for _, r := range []string{"sent", "granted", "zero", "timed_out", "took_part", "late"} {
+	for _, r := range []string{"sent", "granted", "zero", "timed_out", "took_part", "late", "late_applied"} {
 		m.grants.WithLabelValues("asked", r)
 	}
 	for _, role := range []string{"answered_other", "answered_self"} {

@@ -36,10 +36,12 @@ import (
 // service's hits_addend 0, the console) reports a value of 0 to say it wants the count.
 //
 // Raises and falls. A bound the owner lowers is still set aside for the member until
-// the member's report shows it (the member may have used it); a raise is set aside at
-// once, as a grant is (the slot's floor), and the member applies it only until the
-// summary's sentAt plus raiseMS on its own clock, the floor holding until a value the
-// member sent after that: so a summary late or lost never lets both count the same room.
+// the member's report shows it (the member may have used it). A raise the member
+// applies only until the summary's sentAt plus raiseMS on its own clock (a summary later
+// than that is not applied), and it reports the raised bound at its next flush. The
+// owner plans every member of a key from one view, so a raise is room its plan gave no
+// other member; it is not held as a floor, as a grant is (a floor held for a member
+// whose demand stopped would keep the room from the others until its next report).
 //
 // Ownership follows membership. When the owners change (a member joins, leaves, comes
 // back, or the mode changes), every node sends its own values of the current windows to

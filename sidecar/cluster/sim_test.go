@@ -197,7 +197,7 @@ func (s *simCluster) ask(i int, k limiter.Key, want uint32, sizeMS, endMS int64)
 	if err != nil {
 		panic(err)
 	}
-	_, applied := n.rep.answer(ans, now, s.intervalMS)
+	_, applied, _ := n.rep.answer(ans, now, s.intervalMS)
 	if applied {
 		s.given++
 	}

@@ -301,6 +301,10 @@ func (s *Sidecar) readiness() (bool, map[string]any) {
 		d["cluster_size"] = s.Cluster.Members()
 	}
 	ready := s.serving.Load()
+	if s.Cluster != nil && s.Cluster.Settling() {
+		d["cluster_settling"] = true
+		ready = false
+	}
 	if s.rlsXDS != nil {
 		// Ready once the xDS server's rules are applied; an outage of the server later
 		// keeps them, and the sidecar ready.
