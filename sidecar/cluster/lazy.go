@@ -13,7 +13,9 @@ import (
 // in the window's last interval in any case. It matters soon, and is sent at once, when:
 //   - it is the node's first value of the counter in the window (the others learn of its
 //     demand: share mode's bounds and the next window's parts depend on it), and once
-//     more at the next flush with the count then (a short burst is complete there);
+//     more at the next flush with the count then (a short burst is complete there); in
+//     owner replication, only when the node sent no value of it in the window before,
+//     or the projections below do not hold from the window's start;
 //   - the node's bound refused hits;
 //   - before the next value and its delivery (the shortest wait and two intervals,
 //     within the window), the node's count would reach its bound at its rate (it will need more),
@@ -63,7 +65,19 @@ func (r *replicator) lazy(k limiter.Key, env shareEnv) bool {
 	}
 	last, ok := r.sent[k]
 	if !ok || last.endMS != s.EndMS {
-		return false // the first of the window
+		if !env.relay || !ok || last.endMS != s.EndMS-s.SizeMS {
+			return false // the first of the window
+		}
+		// In owner replication, a counter this node sent a value of in the window
+		// before: its owner knows the node counts it, and the first value of this window
+		// may wait as the others do, when the projections allow it from the window's
+		// start (else a node's first values, all at a window's start, would go to every
+		// owner at once).
+		last = sentAt{at: s.EndMS - s.SizeMS, sizeMS: s.SizeMS, endMS: s.EndMS}
+		if longestWait(s, last, env) == 0 {
+			return false
+		}
+		r.sent[k] = last
 	}
 	w := longestWait(s, last, env)
 	if w == 0 {
@@ -89,8 +103,8 @@ func (r *replicator) current(k limiter.Key, env shareEnv) (limiter.Snapshot, boo
 }
 
 // longestWait is the longest wait, halving from lazyAfter down to two intervals, for
-// which, until the next value and its delivery (the wait and two intervals, within the
-// window), the node's count at its rate stays below its bound, and the count the node
+// which, until the next value and its delivery (the wait and two intervals, and a pace
+// in owner replication, within the window), the node's count at its rate stays below its bound, and the count the node
 // knows of the cluster, at twice the cluster's rate, below half the limit; 0 for none.
 // last is the node's last value in the window.
 func longestWait(s limiter.Snapshot, last sentAt, env shareEnv) int64 {
@@ -101,8 +115,13 @@ func longestWait(s limiter.Snapshot, last sentAt, env shareEnv) int64 {
 	own := max(float64(s.Own)/elapsed, float64(s.Own-min(last.own, s.Own))/float64(max(env.now-last.at, 1)))
 	total := float64(s.Own) + float64(s.Remote)
 	cluster := max(total/elapsed, own*float64(max(env.members, 1)))
+	// In owner replication a value that waited may wait a pace more (relay.go, paceMS).
+	late := 2 * env.intervalMS
+	if env.relay {
+		late += env.paceMS()
+	}
 	for wait := lazyAfter(env, s.SizeMS); wait >= 2*env.intervalMS; wait /= 2 {
-		horizon := float64(min(wait+2*env.intervalMS, max(s.EndMS-env.now, 0)))
+		horizon := float64(min(wait+late, max(s.EndMS-env.now, 0)))
 		if 2*(total+2*cluster*horizon) >= float64(s.Limit) || (s.Capped && float64(s.Own)+own*horizon >= float64(s.Cap)) {
 			continue
 		}
@@ -113,13 +132,17 @@ func longestWait(s limiter.Snapshot, last sentAt, env shareEnv) int64 {
 
 // lazySlack is, in intervals, how much earlier than due a waiting value goes with a flush
 // that sends values anyway (a quarter of its wait at most): the values of counters
-// counted at different moments share packets instead of each taking its own.
+// counted at different moments share packets instead of each taking its own. In owner
+// replication a packet goes to one owner, so a waiting value goes early only with a
+// packet to its own owner: else each flush that sends anything would send a small packet
+// to every owner, and a node's packets would grow with the number of members.
 const lazySlack = 10
 
 // dueWaiting returns the waiting keys whose wait is over at env.now, and forgets them
-// and the keys of ended windows. When the flush sends values anyway (sending, or some
-// wait is over), those due within lazySlack intervals go too.
-func (r *replicator) dueWaiting(env shareEnv, sending bool) []limiter.Key {
+// and the keys of ended windows. When the flush sends values anyway (the keys of
+// sending, or some wait is over), those due within lazySlack intervals go too (in owner
+// replication, those whose owner gets a packet anyway).
+func (r *replicator) dueWaiting(env shareEnv, sending []limiter.Key) []limiter.Key {
 	var due []limiter.Key
 	for k, at := range r.waiting {
 		last, ok := r.sent[k]
@@ -134,16 +157,59 @@ func (r *replicator) dueWaiting(env shareEnv, sending bool) []limiter.Key {
 			delete(r.waiting, k)
 		}
 	}
-	if !sending && len(due) == 0 {
-		return nil
+	var to map[string]struct{} // owner replication: the owners getting a packet anyway
+	if env.relay {
+		to = map[string]struct{}{}
+		for _, k := range sending {
+			to[env.ownerOf(r.lim.BucketName(k.Bucket), k.ID)] = struct{}{}
+		}
+		due = r.pace(due, to, env)
+	}
+	if len(sending) == 0 && len(due) == 0 {
+		return due
 	}
 	for k, at := range r.waiting {
-		if at-env.now <= min(lazySlack*env.intervalMS, (at-r.sent[k].at)/4) {
-			due = append(due, k)
-			delete(r.waiting, k)
+		if at-env.now > min(lazySlack*env.intervalMS, (at-r.sent[k].at)/4) {
+			continue
 		}
+		if to != nil {
+			if _, ok := to[env.ownerOf(r.lim.BucketName(k.Bucket), k.ID)]; !ok {
+				continue
+			}
+		}
+		due = append(due, k)
+		delete(r.waiting, k)
+	}
+	for o := range to {
+		r.valuesTo[o] = env.now
 	}
 	return due
+}
+
+// pace keeps, of the values whose wait is over (due), those whose owner gets a packet
+// anyway (to), or has had none for paceMS (it gets one now: added to to), or whose
+// window ends within an interval; the others wait until their owner's pace allows.
+func (r *replicator) pace(due []limiter.Key, to map[string]struct{}, env shareEnv) []limiter.Key {
+	pace := env.paceMS()
+	kept := due[:0]
+	for _, k := range due {
+		o := env.ownerOf(r.lim.BucketName(k.Bucket), k.ID)
+		_, sending := to[o]
+		if last, ok := r.valuesTo[o]; sending || !ok || env.now-last >= pace || r.sent[k].endMS-env.now <= env.intervalMS {
+			to[o] = struct{}{}
+			kept = append(kept, k)
+			continue
+		}
+		r.waiting[k] = r.valuesTo[o] + pace
+	}
+	if len(r.valuesTo) > 2*len(env.names)+16 {
+		for o, at := range r.valuesTo {
+			if env.now-at > 4*pace {
+				delete(r.valuesTo, o)
+			}
+		}
+	}
+	return kept
 }
 
 // noteSent notes the value of k sent at now.
@@ -157,7 +223,7 @@ func (r *replicator) noteSent(k limiter.Key, s limiter.Snapshot, now int64) {
 // sweepSent forgets the keys of windows that ended by now.
 func (r *replicator) sweepSent(now int64) {
 	for k, v := range r.sent {
-		if v.endMS <= now {
+		if v.endMS+v.sizeMS <= now { // kept a window longer: lazy asks if it was sent then
 			delete(r.sent, k)
 		}
 	}

@@ -49,3 +49,67 @@ func TestLazyValuesShareFlushes(t *testing.T) {
 		t.Errorf("%.1f values per key per window, want the first, the waited ones (6 s) and the last: about 10 to 13", perKeyWindow)
 	}
 }
+
+// TestPacedValuesDoNotGrowWithMembers: in owner replication, one node counting 1,000
+// keys far below their limit at 200 checks a second (each key every 5 s) sends its
+// values to their owners, each owner only its keys. Unpaced, each flush would send a
+// small packet to most owners (20 a second at 20 members, most of them the first values
+// at a window's start); paced (paceMS), a node sends an owner values that waited at most
+// every few seconds, and the first values of counters it counted in the window before
+// wait as the others do: under 6 packets a second at 20 members, under 2 at 3, and every
+// key's value still reaches its owner in each window.
+func TestPacedValuesDoNotGrowWithMembers(t *testing.T) {
+	packets := map[int]float64{}
+	for _, members := range []int{3, 20} {
+		names := []string{"a"}
+		for i := 1; i < members; i++ {
+			names = append(names, fmt.Sprintf("n%02d", i))
+		}
+		names = sortedNames(names)
+		c := &testClock{}
+		c.set(t0 - t0%minute)
+		lim := limiter.New(limiter.Options{Now: c.now, Replicated: true})
+		r := newReplicator(lim, "a#01", true)
+		l := limiter.Limit{Count: 1_000_000, Window: time.Minute}
+		b := lim.Bucket("tenant")
+		const keys, perTick = 1000, 20
+		sent, reached := 0, map[string]int64{}
+		for tick := range 2 * 600 {
+			now := c.ms.Load()
+			for i := range perTick {
+				k := limiter.Key{Bucket: b, ID: fmt.Sprintf("tenant-%04d", (tick*perTick+i)%keys)}
+				if !lim.Check(k, 1, l).Allowed {
+					t.Fatalf("refused far below the limit at tick %d", tick)
+				}
+			}
+			env := shareEnv{now: now, intervalMS: 100, live: func(string) bool { return true }, members: members,
+				self: "a", names: names, relay: true, owns: func(limiter.Key) bool { return false }}
+			res := r.flush(env)
+			for to, vs := range res.routed {
+				if to == "a" {
+					continue
+				}
+				if tick >= 600 { // the second window: past its first values
+					sent++
+				}
+				for _, v := range vs {
+					reached[v.id] = now
+				}
+			}
+			c.set(now + 100)
+		}
+		packets[members] = float64(sent) / 60
+		t.Logf("%d members: %.1f packets of values a second", members, packets[members])
+		if members == 20 {
+			for i := range keys {
+				id := fmt.Sprintf("tenant-%04d", i)
+				if own := ownerOf("tenant", id, names); own != "a" && reached[id] < t0-t0%minute+minute {
+					t.Fatalf("%s: no value in the second window", id)
+				}
+			}
+		}
+	}
+	if packets[20] > 6 || packets[3] > 2 {
+		t.Errorf("packets of values a second: %.1f at 20 members, %.1f at 3: want under 6 and 2", packets[20], packets[3])
+	}
+}

@@ -280,6 +280,22 @@ func decodeRelay(b []byte) ([]message, error) {
 	return msgs, err
 }
 
+// paceMS is, in owner replication, the shortest time between two packets to one member
+// that carry only values (or summaries) that waited (lazy.go). Such values come due at
+// every moment; sent as they come due, with those due within lazySlack intervals, each
+// owner would get a packet about every lazySlack intervals, and a node's packets would
+// grow with the number of members. So beyond 3 members a member gets them at most every
+// lazySlack intervals times half the other members (a 3-member cluster's two), at most
+// lazyIntervals intervals: a node's packets of values far from their limits stay about
+// what they are at 3 members, and those values reach their owner up to that much later
+// (the projections of lazy allow for it).
+func (e shareEnv) paceMS() int64 {
+	if e.members <= 3 {
+		return 0
+	}
+	return min(lazySlack*e.intervalMS*int64(e.members-1)/2, lazyIntervals*e.intervalMS)
+}
+
 // raiseIntervals bounds, in sync intervals (and the grants' wait), how long after a
 // summary was sent a member applies a raise of its bound in it.
 const raiseIntervals = 2
@@ -370,22 +386,32 @@ type candidate struct {
 	k     limiter.Key
 	e     summaryEntry
 	must  bool
+	lazy  bool // must only as its wait is over: paced (paceMS)
 	due   int64
 	apply func() // notes it sent (the caller holds no lock)
 }
 
 // choose keeps the candidates due now, and those of members that get a summary anyway;
 // the others wait (sumWaiting).
+// Those due only as their wait is over go to a member at most every paceMS.
 func (r *replicator) choose(cands []candidate, env shareEnv) map[string][]summaryEntry {
+	pace := env.paceMS()
 	sending := map[string]bool{}
 	for _, c := range cands {
-		sending[c.to] = sending[c.to] || c.must
+		if c.must && !sending[c.to] {
+			last, ok := r.summariesTo[c.to]
+			sending[c.to] = !c.lazy || !ok || env.now-last >= pace
+		}
 	}
 	var out map[string][]summaryEntry
 	for _, c := range cands {
 		if !sending[c.to] {
-			if at, ok := r.sumWaiting[c.k]; !ok || c.due < at {
-				r.sumWaiting[c.k] = c.due
+			due := c.due
+			if c.must {
+				due = r.summariesTo[c.to] + pace
+			}
+			if at, ok := r.sumWaiting[c.k]; !ok || due < at {
+				r.sumWaiting[c.k] = due
 			}
 			continue
 		}
@@ -396,6 +422,16 @@ func (r *replicator) choose(cands []candidate, env shareEnv) map[string][]summar
 		r.slots.planMu.Lock()
 		c.apply()
 		r.slots.planMu.Unlock()
+	}
+	for to := range out {
+		r.summariesTo[to] = env.now
+	}
+	if len(r.summariesTo) > 2*len(env.names)+16 {
+		for to, at := range r.summariesTo {
+			if env.now-at > 4*pace {
+				delete(r.summariesTo, to)
+			}
+		}
 	}
 	return out
 }
@@ -535,6 +571,7 @@ func (s *slots) summarizeKey(k limiter.Key, env shareEnv, share bool, reply stri
 			w := longestWait(snapM, sentAt{at: sl.sumAt, sizeMS: size, endMS: end, own: m.count}, env)
 			c.due = sl.sumAt + max(w, env.intervalMS)
 			c.must = (w == 0 && reply != "") || env.now >= c.due || end-env.now <= env.intervalMS
+			c.lazy = w > 0 && end-env.now > env.intervalMS
 		default:
 			s.mu.Unlock()
 			continue

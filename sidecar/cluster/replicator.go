@@ -16,6 +16,9 @@ type replicator struct {
 	slots  *slots
 	share  bool
 	resend []limiter.Key // sent in the last flush, sent once more in the next
+	// unanswered are the keys of resend that go again only if their owner has not
+	// answered them by the next flush (owner replication: a summary of the window).
+	unanswered map[limiter.Key]struct{}
 	// asks is the asking side of the grants (grant.go).
 	asks asks
 	// merged, when set, is told of every value of another node merged here (the live
@@ -33,6 +36,9 @@ type replicator struct {
 	lastRelay  bool
 	sumWaiting map[limiter.Key]int64
 	sumRecheck map[limiter.Key]struct{}
+	// valuesTo and summariesTo are when this node last sent each member values and
+	// summaries: what only waited goes to a member at most every paceMS (relay.go).
+	valuesTo, summariesTo map[string]int64
 	// awaiting holds the keys this node sent a first value of a window to their owner
 	// and has had no summary of since (by when sent); silent the owners that let one
 	// wait longer than ownerWait (by when noticed), until they are heard from.
@@ -45,6 +51,7 @@ func newReplicator(lim *limiter.Limiter, origin string, share bool) *replicator 
 	return &replicator{lim: lim, origin: origin, slots: newSlots(lim, origin), share: share,
 		sent: map[limiter.Key]sentAt{}, waiting: map[limiter.Key]int64{},
 		sumWaiting: map[limiter.Key]int64{}, sumRecheck: map[limiter.Key]struct{}{},
+		valuesTo: map[string]int64{}, summariesTo: map[string]int64{},
 		awaiting: map[limiter.Key]int64{}, silent: map[string]int64{}}
 }
 
@@ -110,7 +117,10 @@ func (r *replicator) flush(env shareEnv) flushResult {
 			urgent = append(urgent, k)
 		}
 	}
-	due := r.dueWaiting(env, len(urgent) > 0 || len(r.resend) > 0)
+	if env.relay {
+		r.dropAnswered(env)
+	}
+	due := r.dueWaiting(env, slices.Concat(urgent, r.resend))
 	var bounds []limiter.Key // share mode's bounds to send, counted or not
 	if r.share {
 		changed := make(map[limiter.Key]struct{}, len(urgent)+len(due))
@@ -132,6 +142,7 @@ func (r *replicator) flush(env shareEnv) flushResult {
 	}
 	done := make(map[limiter.Key]struct{}, len(keys)+len(r.resend)+len(bounds)+len(due))
 	var resend []limiter.Key
+	var unanswered map[limiter.Key]struct{}
 	for i, k := range slices.Concat(bounds, urgent, r.resend, due) {
 		if _, dup := done[k]; dup {
 			continue
@@ -171,9 +182,15 @@ func (r *replicator) flush(env shareEnv) flushResult {
 			// Sent once more at the next flush, so that one lost packet is healed at
 			// once; a value that could wait is healed by the next one.
 			resend = append(resend, k)
+			if env.relay && i >= len(bounds) {
+				if unanswered == nil {
+					unanswered = map[limiter.Key]struct{}{}
+				}
+				unanswered[k] = struct{}{}
+			}
 		}
 	}
-	r.resend = resend
+	r.resend, r.unanswered = resend, unanswered
 	if env.relay {
 		res.routed = map[string][]value{}
 		for _, v := range res.values {
@@ -187,6 +204,23 @@ func (r *replicator) flush(env shareEnv) flushResult {
 		r.sweptAt = env.now
 	}
 	return res
+}
+
+// dropAnswered drops from the values to send again the counted ones whose owner has
+// answered them since (a summary of the window): the owner has them, and a summary of
+// what it replies is as good as a second copy. A bound is sent again in any case (the
+// owner sets aside what the member holds by it).
+func (r *replicator) dropAnswered(env shareEnv) {
+	kept := r.resend[:0]
+	for _, k := range r.resend {
+		if _, ok := r.unanswered[k]; ok {
+			if s, found := r.lim.Lookup(k); found && s.SizeMS > 0 && r.slots.known(k, s.SizeMS, windowEnd(env.now, s.SizeMS)) {
+				continue
+			}
+		}
+		kept = append(kept, k)
+	}
+	r.resend = kept
 }
 
 // windowEnd is the end of the window of sizeMS holding now.
