@@ -195,6 +195,14 @@ const (
 	mClusterSize = `converger_cluster_members`
 	mKindValues  = `converger_cluster_sent_by_kind_messages_total{kind="values"}`
 	mKindView    = `converger_cluster_sent_by_kind_messages_total{kind="view"}`
+	// The owner replication's and the grants' messages (owner replication: summaries back
+	// from keys' owners; the rest: requests for room and their answers, counts relayed to
+	// a new owner, the busiest keys for the live view).
+	mKindSummary = `converger_cluster_sent_by_kind_messages_total{kind="summary"}`
+	mKindAsk     = `converger_cluster_sent_by_kind_messages_total{kind="ask"}`
+	mKindAnswer  = `converger_cluster_sent_by_kind_messages_total{kind="answer"}`
+	mKindRelay   = `converger_cluster_sent_by_kind_messages_total{kind="relay"}`
+	mKindBusy    = `converger_cluster_sent_by_kind_messages_total{kind="busy"}`
 	// mKindValuesBytes is the values' payload bytes.
 	mKindValuesBytes = `converger_cluster_sent_by_kind_bytes_total{kind="values"}`
 	mTransferSent    = `converger_cluster_state_transfer_bytes_total{direction="sent"}`
