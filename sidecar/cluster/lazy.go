@@ -14,8 +14,8 @@ import (
 //   - it is the node's first value of the counter in the window (the others learn of its
 //     demand: share mode's bounds and the next window's parts depend on it), and once
 //     more at the next flush with the count then (a short burst is complete there); in
-//     owner replication, only when the node sent no value of it in the window before,
-//     or the projections below do not hold from the window's start;
+//     owner replication beyond 3 members, only when the node sent no value of it in the
+//     window before, or the projections below do not hold from the window's start;
 //   - the node's bound refused hits;
 //   - before the next value and its delivery (the shortest wait and two intervals,
 //     within the window), the node's count would reach its bound at its rate (it will need more),
@@ -65,14 +65,14 @@ func (r *replicator) lazy(k limiter.Key, env shareEnv) bool {
 	}
 	last, ok := r.sent[k]
 	if !ok || last.endMS != s.EndMS {
-		if !env.relay || !ok || last.endMS != s.EndMS-s.SizeMS {
+		if !env.relay || env.paceMS() == 0 || !ok || last.endMS != s.EndMS-s.SizeMS {
 			return false // the first of the window
 		}
-		// In owner replication, a counter this node sent a value of in the window
-		// before: its owner knows the node counts it, and the first value of this window
-		// may wait as the others do, when the projections allow it from the window's
-		// start (else a node's first values, all at a window's start, would go to every
-		// owner at once).
+		// In owner replication beyond 3 members (paced, relay.go), a counter this node
+		// sent a value of in the window before: its owner knows the node counts it, and
+		// the first value of this window may wait as the others do, when the projections
+		// allow it from the window's start (else a node's first values, all at a
+		// window's start, would go to every owner at once).
 		last = sentAt{at: s.EndMS - s.SizeMS, sizeMS: s.SizeMS, endMS: s.EndMS}
 		if longestWait(s, last, env) == 0 {
 			return false

@@ -56,8 +56,9 @@ func TestLazyValuesShareFlushes(t *testing.T) {
 // small packet to most owners (20 a second at 20 members, most of them the first values
 // at a window's start); paced (paceMS), a node sends an owner values that waited at most
 // every few seconds, and the first values of counters it counted in the window before
-// wait as the others do: under 6 packets a second at 20 members, under 2 at 3, and every
-// key's value still reaches its owner in each window.
+// wait as the others do: under 6 packets a second at 20 members, no more than at 3
+// members (unpaced, where the first values of a window go at once to the two owners),
+// and every key's value still reaches its owner in each window.
 func TestPacedValuesDoNotGrowWithMembers(t *testing.T) {
 	packets := map[int]float64{}
 	for _, members := range []int{3, 20} {
@@ -109,7 +110,7 @@ func TestPacedValuesDoNotGrowWithMembers(t *testing.T) {
 			}
 		}
 	}
-	if packets[20] > 6 || packets[3] > 2 {
-		t.Errorf("packets of values a second: %.1f at 20 members, %.1f at 3: want under 6 and 2", packets[20], packets[3])
+	if packets[20] > 6 || packets[20] > packets[3] {
+		t.Errorf("packets of values a second: %.1f at 20 members, %.1f at 3: want under 6, and no more than at 3", packets[20], packets[3])
 	}
 }

@@ -16,9 +16,6 @@ type replicator struct {
 	slots  *slots
 	share  bool
 	resend []limiter.Key // sent in the last flush, sent once more in the next
-	// unanswered are the keys of resend that go again only if their owner has not
-	// answered them by the next flush (owner replication: a summary of the window).
-	unanswered map[limiter.Key]struct{}
 	// asks is the asking side of the grants (grant.go).
 	asks asks
 	// merged, when set, is told of every value of another node merged here (the live
@@ -117,9 +114,6 @@ func (r *replicator) flush(env shareEnv) flushResult {
 			urgent = append(urgent, k)
 		}
 	}
-	if env.relay {
-		r.dropAnswered(env)
-	}
 	due := r.dueWaiting(env, slices.Concat(urgent, r.resend))
 	var bounds []limiter.Key // share mode's bounds to send, counted or not
 	if r.share {
@@ -142,7 +136,6 @@ func (r *replicator) flush(env shareEnv) flushResult {
 	}
 	done := make(map[limiter.Key]struct{}, len(keys)+len(r.resend)+len(bounds)+len(due))
 	var resend []limiter.Key
-	var unanswered map[limiter.Key]struct{}
 	for i, k := range slices.Concat(bounds, urgent, r.resend, due) {
 		if _, dup := done[k]; dup {
 			continue
@@ -182,15 +175,9 @@ func (r *replicator) flush(env shareEnv) flushResult {
 			// Sent once more at the next flush, so that one lost packet is healed at
 			// once; a value that could wait is healed by the next one.
 			resend = append(resend, k)
-			if env.relay && i >= len(bounds) {
-				if unanswered == nil {
-					unanswered = map[limiter.Key]struct{}{}
-				}
-				unanswered[k] = struct{}{}
-			}
 		}
 	}
-	r.resend, r.unanswered = resend, unanswered
+	r.resend = resend
 	if env.relay {
 		res.routed = map[string][]value{}
 		for _, v := range res.values {
@@ -204,23 +191,6 @@ func (r *replicator) flush(env shareEnv) flushResult {
 		r.sweptAt = env.now
 	}
 	return res
-}
-
-// dropAnswered drops from the values to send again the counted ones whose owner has
-// answered them since (a summary of the window): the owner has them, and a summary of
-// what it replies is as good as a second copy. A bound is sent again in any case (the
-// owner sets aside what the member holds by it).
-func (r *replicator) dropAnswered(env shareEnv) {
-	kept := r.resend[:0]
-	for _, k := range r.resend {
-		if _, ok := r.unanswered[k]; ok {
-			if s, found := r.lim.Lookup(k); found && s.SizeMS > 0 && r.slots.known(k, s.SizeMS, windowEnd(env.now, s.SizeMS)) {
-				continue
-			}
-		}
-		kept = append(kept, k)
-	}
-	r.resend = kept
 }
 
 // windowEnd is the end of the window of sizeMS holding now.
