@@ -528,26 +528,14 @@ func (r *replicator) answer(ans grantAnswer, now, intervalMS int64) (a *ask, app
 		if !late || ans.grant == 0 {
 			return a, false, true
 		}
-		r.asks.mu.Lock()
-		to := uint64(a.reqCap) + uint64(ans.grant)
-		r.asks.mu.Unlock()
-		r.slots.planMu.Lock()
-		applied = r.lim.RaiseCapTo(k, a.sizeMS, a.endMS, uint32(min(to, math.MaxUint32-1)))
-		r.slots.planMu.Unlock()
+		applied = r.raiseBy(k, a, ans.grant)
 		if applied {
 			r.asks.noteGranted(k)
 		}
 		return a, applied, true
 	}
 	if ans.grant > 0 {
-		// To the bound the request carried and the grant: the owner holds that much
-		// for this node (the bound may have fallen meanwhile, by its own plan).
-		r.asks.mu.Lock()
-		to := uint64(a.reqCap) + uint64(ans.grant)
-		r.asks.mu.Unlock()
-		r.slots.planMu.Lock()
-		applied = r.lim.RaiseCapTo(k, a.sizeMS, a.endMS, uint32(min(to, math.MaxUint32-1)))
-		r.slots.planMu.Unlock()
+		applied = r.raiseBy(k, a, ans.grant)
 	}
 	r.asks.mu.Lock()
 	a.answered = true
@@ -563,6 +551,17 @@ func (r *replicator) answer(ans grantAnswer, now, intervalMS int64) (a *ask, app
 	}
 	r.asks.end(k, a, zeroUntil)
 	return a, applied, false
+}
+
+// raiseBy raises k's bound to the bound request a carried and grant: the owner holds that
+// much for this node (the bound may have fallen meanwhile, by its own plan).
+func (r *replicator) raiseBy(k limiter.Key, a *ask, grant uint32) bool {
+	r.asks.mu.Lock()
+	to := uint64(a.reqCap) + uint64(grant)
+	r.asks.mu.Unlock()
+	r.slots.planMu.Lock()
+	defer r.slots.planMu.Unlock()
+	return r.lim.RaiseCapTo(k, a.sizeMS, a.endMS, uint32(min(to, math.MaxUint32-1)))
 }
 
 // sortedNames returns names sorted (a membership's grant-capable members).
