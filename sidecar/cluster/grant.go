@@ -250,6 +250,43 @@ type asks struct {
 	// zero holds the keys the owner answered 0 for (or did not answer), by when the
 	// node may ask again: the owner learns of more room only from syncs.
 	zero map[limiter.Key]int64
+	// raised holds the keys whose bound a grant raised lately: a summary planned before
+	// the grant does not lower it (raisedAfter).
+	raised map[limiter.Key]raise
+}
+
+// raise is a bound a grant raised: to bound, in the window ending at endMS, by the
+// answer to request id, kept from a summary planned before it until the time until.
+type raise struct {
+	id           uint64
+	endMS, until int64
+	bound        uint32
+}
+
+// noteRaised notes that the answer to request a raised k's bound to bound at now.
+func (as *asks) noteRaised(k limiter.Key, a *ask, bound uint32, now, holdMS int64) {
+	as.mu.Lock()
+	defer as.mu.Unlock()
+	if as.raised == nil {
+		as.raised = map[limiter.Key]raise{}
+	}
+	if len(as.raised) >= 2*maxAsks {
+		return // the summaries of the keys beyond may lower them: refusals, never more
+	}
+	as.raised[k] = raise{id: a.id, endMS: a.endMS, until: now + holdMS, bound: bound}
+}
+
+// raisedAfter returns the bound a grant raised k's to, in the window ending at endMS,
+// when the owner of a summary had answered only requests up to answered: the summary
+// was planned before the grant, and is not to lower the bound under it.
+func (as *asks) raisedAfter(k limiter.Key, endMS int64, answered uint64, now int64) (uint32, bool) {
+	as.mu.Lock()
+	defer as.mu.Unlock()
+	r, ok := as.raised[k]
+	if !ok || r.endMS != endMS || answered >= r.id || now > r.until {
+		return 0, false
+	}
+	return r.bound, true
 }
 
 // ask is one outstanding request.
@@ -404,6 +441,11 @@ func (as *asks) sweep(now int64) {
 			delete(as.late, k)
 		}
 	}
+	for k, r := range as.raised {
+		if r.endMS <= now || r.until < now {
+			delete(as.raised, k)
+		}
+	}
 }
 
 // request builds this node's request for want hits of k in the window of sizeMS
@@ -448,6 +490,7 @@ func (r *replicator) grant(q grantRequest, env shareEnv) (grantAnswer, bool) {
 		return ans, !env.relay
 	}
 	ans.grant = r.slots.grantRoom(k, q.origin, q.want, q.v.endMS, q.sentAt+q.waitMS, env)
+	r.slots.noteAnswered(q.origin, q.id)
 	return ans, true
 }
 
@@ -528,14 +571,14 @@ func (r *replicator) answer(ans grantAnswer, now, intervalMS int64) (a *ask, app
 		if !late || ans.grant == 0 {
 			return a, false, true
 		}
-		applied = r.raiseBy(k, a, ans.grant)
+		applied = r.raiseBy(k, a, ans.grant, now, intervalMS)
 		if applied {
 			r.asks.noteGranted(k)
 		}
 		return a, applied, true
 	}
 	if ans.grant > 0 {
-		applied = r.raiseBy(k, a, ans.grant)
+		applied = r.raiseBy(k, a, ans.grant, now, intervalMS)
 	}
 	r.asks.mu.Lock()
 	a.answered = true
@@ -555,13 +598,18 @@ func (r *replicator) answer(ans grantAnswer, now, intervalMS int64) (a *ask, app
 
 // raiseBy raises k's bound to the bound request a carried and grant: the owner holds that
 // much for this node (the bound may have fallen meanwhile, by its own plan).
-func (r *replicator) raiseBy(k limiter.Key, a *ask, grant uint32) bool {
+// It is kept from the summaries planned before the grant for raiseIntervals intervals.
+func (r *replicator) raiseBy(k limiter.Key, a *ask, grant uint32, now, intervalMS int64) bool {
 	r.asks.mu.Lock()
-	to := uint64(a.reqCap) + uint64(grant)
+	to := uint32(min(uint64(a.reqCap)+uint64(grant), math.MaxUint32-1))
 	r.asks.mu.Unlock()
 	r.slots.planMu.Lock()
 	defer r.slots.planMu.Unlock()
-	return r.lim.RaiseCapTo(k, a.sizeMS, a.endMS, uint32(min(to, math.MaxUint32-1)))
+	if !r.lim.RaiseCapTo(k, a.sizeMS, a.endMS, to) {
+		return false
+	}
+	r.asks.noteRaised(k, a, to, now, raiseIntervals*intervalMS)
+	return true
 }
 
 // sortedNames returns names sorted (a membership's grant-capable members).

@@ -293,3 +293,90 @@ func TestLateAnswerRaisesTheBoundUntilTheNextValue(t *testing.T) {
 		t.Fatalf("late answer to a request asked again: applied %v, bound %d", applied, capOf())
 	}
 }
+
+// A summary and an owner's answer may cross: answers are handled as they come, other
+// messages in turn. A summary the owner planned before it granted does not lower the
+// bound the grant raised (the owner holds that room for the member); one planned after
+// it does.
+func TestSummaryPlannedBeforeAGrantDoesNotLowerIt(t *testing.T) {
+	lim := limiter.New(limiter.Options{Replicated: true})
+	r := newReplicator(lim, "b#1", true)
+	k := limiter.Key{Bucket: lim.Bucket("token_create"), ID: "192.0.2.1"}
+	l := limiter.Limit{Count: 10, Window: time.Hour}
+	if !lim.Check(k, 1, l).Allowed {
+		t.Fatal("first check refused")
+	}
+	size := l.Window.Milliseconds()
+	now := lim.NowMS()
+	end := windowEnd(now, size)
+	lim.SetCap(k, size, end, 1)
+	capOf := func() uint32 {
+		c, _ := lim.CapIn(k, size, end)
+		return c
+	}
+	// b's key is owned by the other member, a.
+	names := []string{"a", "b"}
+	for ownerOf("token_create", k.ID, names) != "a" {
+		k.ID += "0"
+		if !lim.Check(k, 1, l).Allowed {
+			t.Fatal("first check refused")
+		}
+		lim.SetCap(k, size, end, 1)
+	}
+	env := func(at int64) shareEnv {
+		return shareEnv{now: at, intervalMS: 100, live: func(n string) bool { return n == "a" }, members: 2,
+			relay: true, grants: true, names: names, self: "b", grantMax: 100,
+			owns: func(limiter.Key) bool { return false }}
+	}
+	a, first, ok := r.asks.start(k, size, end, now, 25)
+	if !ok || !first {
+		t.Fatal("no request")
+	}
+	r.request(k, a, 1, now, 25)
+	if _, applied, _ := r.answer(grantAnswer{origin: "a#1", id: a.id, bucket: "token_create", key: k.ID, endMS: end, grant: 1}, now+1, 100); !applied || capOf() != 2 {
+		t.Fatalf("grant not applied: bound %d, want 2", capOf())
+	}
+	summaryAt := func(at int64, answered uint64) summary {
+		e := summaryEntry{bucket: "token_create", id: k.ID, sizeMS: size, endMS: end, others: 0, planned: true, cur: 1, curCapped: true, answered: answered}
+		msgs := packSummaries(at, "a#1", 200, []summaryEntry{e})
+		if len(msgs) != 1 {
+			t.Fatalf("%d messages", len(msgs))
+		}
+		s, err := decodeSummary(msgs[0])
+		if err != nil || s.answered != answered {
+			t.Fatalf("summary decoded with answered %d (%v), want %d", s.answered, err, answered)
+		}
+		return s
+	}
+	r.applySummary(summaryAt(now, a.id-1), env(now+2))
+	if capOf() != 2 {
+		t.Fatalf("a summary planned before the grant lowered its bound to %d", capOf())
+	}
+	r.applySummary(summaryAt(now+3, a.id), env(now+4))
+	if capOf() != 1 {
+		t.Fatalf("a summary planned after the grant left the bound at %d, want 1", capOf())
+	}
+	// Long after the grant, an old summary's fall applies (the owner let go of what it
+	// held: only refusals can follow).
+	lim.SetCap(k, size, end, 2)
+	r.asks.noteRaised(k, a, 2, now, 100)
+	r.applySummary(summaryAt(now, a.id-1), env(now+500))
+	if capOf() != 1 {
+		t.Fatalf("a stale summary after the hold left the bound at %d, want 1", capOf())
+	}
+
+	// The owner's side: the newest request of the member's current origin it answered.
+	var s slots
+	s.noteAnswered("b#1", 7)
+	s.noteAnswered("b#1", 5)
+	if got := s.answeredOf("b#1"); got != 7 {
+		t.Fatalf("answered %d, want 7", got)
+	}
+	if got := s.answeredOf("b#2"); got != 0 {
+		t.Fatalf("a new incarnation's answered %d, want 0", got)
+	}
+	s.noteAnswered("b#2", 1)
+	if got := s.answeredOf("b#1"); got != 0 {
+		t.Fatalf("an old incarnation's answered %d, want 0", got)
+	}
+}

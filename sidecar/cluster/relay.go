@@ -54,10 +54,15 @@ import (
 // own counts and its owned keys' slots to the owners that follow it (leave.go).
 //
 //	summary := summaryKind(1 byte) flags(1 byte: bit 0 deflated) body
-//	body    := sentAt(varint) origin(string) raiseMS(uvarint) n(uvarint) entry{n}
+//	body    := sentAt(varint) origin(string) raiseMS(uvarint) answered(uvarint) n(uvarint) entry{n}
 //	entry   := bucket(string) id(string) sizeMS(uvarint) endMS(varint, minus sentAt)
 //	           others(uvarint) own(uvarint) bounds(1 byte) [cur(uvarint)] [next(uvarint)] part(uvarint)
 //	relay   := relayKind(1 byte) flags(1 byte) state (wire.go: version 2 messages, one per origin)
+//
+// answered is the newest request for room of the member (its id, grant.go) the owner had
+// answered when it planned the bounds: a member does not lower, by a summary planned
+// before a grant it applied, the bound the grant raised (the summary and the answer may
+// cross: answers are handled as they come, summaries in turn).
 //
 // bounds: bit 0 planned (the owner divides the key: apply the bounds), bit 1 cur present
 // (bound in the current window), bit 2 next present (bound in the next one). part is what
@@ -84,14 +89,18 @@ type summaryEntry struct {
 	cur, next             uint32
 	curCapped, nextCapped bool
 	part                  uint32
+	// answered is the newest request for room of the member the owner had answered
+	// when it planned the entry (in the message's header: the oldest of its entries').
+	answered uint64
 }
 
 // summary is one summary message.
 type summary struct {
-	sentAt  int64
-	origin  string
-	raiseMS int64
-	entries []summaryEntry
+	sentAt   int64
+	origin   string
+	raiseMS  int64
+	answered uint64
+	entries  []summaryEntry
 }
 
 const (
@@ -131,13 +140,16 @@ func appendEntry(b []byte, e summaryEntry, sentAt int64) []byte {
 // packSummaries encodes entries into summary messages of at most about maxPacket bytes.
 func packSummaries(sentAt int64, origin string, raiseMS int64, entries []summaryEntry) [][]byte {
 	items := make([][]byte, len(entries))
+	answered := uint64(math.MaxUint64)
 	for i, e := range entries {
 		items[i] = appendEntry(nil, e, sentAt)
+		answered = min(answered, e.answered)
 	}
 	head := func(n int) []byte {
 		h := binary.AppendVarint(nil, sentAt)
 		h = appendString(h, origin)
 		h = binary.AppendUvarint(h, uint64(max(raiseMS, 0)))
+		h = binary.AppendUvarint(h, answered)
 		return binary.AppendUvarint(h, uint64(n))
 	}
 	return packItems(summaryKind, head, items)
@@ -197,6 +209,7 @@ func decodeSummary(b []byte) (summary, error) {
 	s.sentAt = r.varint()
 	s.origin = r.string()
 	raise := r.uvarint()
+	s.answered = r.uvarint()
 	n := r.uvarint()
 	if r.err != nil || s.origin == "" || raise > 60_000 || n > uint64(len(r.b)) {
 		return s, errMalformed
@@ -535,7 +548,7 @@ func (s *slots) summarizeKey(k limiter.Key, env shareEnv, share bool, reply stri
 	near := nearLimit(total, limit, size, end, env)
 	for _, m := range members {
 		e := summaryEntry{bucket: s.lim.BucketName(k.Bucket), id: k.ID, sizeMS: size, endMS: end,
-			others: uint32(min(total-uint64(m.count), math.MaxUint32)), own: own}
+			others: uint32(min(total-uint64(m.count), math.MaxUint32)), own: own, answered: s.answeredOf(m.origin)}
 		var p sharePlan
 		var v shareView
 		if share {
@@ -734,6 +747,10 @@ func (r *replicator) applySummary(m summary, env shareEnv) (dropped int) {
 			continue
 		}
 		raise := now <= m.sentAt+m.raiseMS
+		if g, ok := r.asks.raisedAfter(k, e.endMS, m.answered, now); ok && e.curCapped && e.cur < g {
+			// Planned before a grant this node applied since: not below what it raised.
+			e.cur = g
+		}
 		r.slots.planMu.Lock()
 		before, had := r.lim.CapIn(k, e.sizeMS, e.endMS)
 		r.applyBound(k, e.sizeMS, e.endMS, e.cur, e.curCapped, raise)

@@ -24,6 +24,9 @@ type slots struct {
 	// no bound is set from a view older than a grant applied or made. It is taken per
 	// key, so that a grant waits for one plan, not a whole flush.
 	planMu sync.Mutex
+	// answered is, by node name, the newest request for room of its current origin that
+	// this node answered as a key's owner (guarded by planMu): summaries carry it.
+	answered map[string]answeredRequest
 
 	mu      sync.Mutex
 	origins map[string]uint32
@@ -205,6 +208,40 @@ func newSlot(origin uint32, v value, sentAt int64) slot {
 		sl.grewAt = sentAt
 	}
 	return sl
+}
+
+// answeredRequest is the newest request of an origin an owner answered.
+type answeredRequest struct {
+	origin string
+	id     uint64
+}
+
+// maxAnswered bounds the node names whose answered request this node keeps; a name
+// beyond it (members come and go) forgets them all, which makes a member's next
+// summaries count as planned before its grants for a moment (raisedAfter): safe.
+const maxAnswered = 4096
+
+// noteAnswered notes that this node answered request id of origin. The caller holds
+// planMu.
+func (s *slots) noteAnswered(origin string, id uint64) {
+	name := nodeName(origin)
+	a, ok := s.answered[name]
+	if ok && a.origin == origin && a.id >= id {
+		return
+	}
+	if s.answered == nil || (!ok && len(s.answered) >= maxAnswered) {
+		s.answered = map[string]answeredRequest{}
+	}
+	s.answered[name] = answeredRequest{origin: origin, id: id}
+}
+
+// answeredOf is the newest request of origin this node answered (0: none). The caller
+// holds planMu.
+func (s *slots) answeredOf(origin string) uint64 {
+	if a, ok := s.answered[nodeName(origin)]; ok && a.origin == origin {
+		return a.id
+	}
+	return 0
 }
 
 // sawDirect notes a message an origin sent to this node itself: it is its node's

@@ -76,19 +76,21 @@ func restartNode(t *testing.T, old *node) *node {
 // window's figures are not the sidecars'; it is left out).
 type windowTally struct {
 	allowed, denied int
+	byNode          map[string][2]int // allowed and denied per member
 	straddled       bool
 	slow            bool // a check took longer than a sync interval to answer
 }
 
 // loadResult sums up a load's windows.
 type loadResult struct {
-	windows  []int   // allowed per measured window, in order
-	worst    float64 // the most allowed in a window, × L
-	under    int     // checks denied in windows whose allowed total ended below L
-	underMax int     // the most of those in one window
-	left     int     // windows left out (straddled, or the last)
-	slow     int     // windows measured for the overshoot only: a check took over a sync interval
-	warmup   []int   // allowed per window of the warm-up, not measured
+	windows  []int    // allowed per measured window, in order
+	worst    float64  // the most allowed in a window, × L
+	under    int      // checks denied in windows whose allowed total ended below L
+	underMax int      // the most of those in one window
+	left     int      // windows left out (straddled, or the last)
+	slow     int      // windows measured for the overshoot only: a check took over a sync interval
+	warmup   []int    // allowed per window of the warm-up, not measured
+	detail   []string // per window: allowed/denied per member, for a failure's log
 }
 
 func (r loadResult) String() string {
@@ -168,14 +170,18 @@ func (l *rollingLoad) run(rate float64, stop <-chan struct{}) {
 			l.tallyMu.Lock()
 			wt := l.tally[w]
 			if wt == nil {
-				wt = &windowTally{}
+				wt = &windowTally{byNode: map[string][2]int{}}
 				l.tally[w] = wt
 			}
+			c := wt.byNode[n.name]
 			if r.Allowed {
 				wt.allowed++
+				c[0]++
 			} else {
 				wt.denied++
+				c[1]++
 			}
+			wt.byNode[n.name] = c
 			wt.straddled = wt.straddled || got/l.windowMS != w
 			wt.slow = wt.slow || got-sent > syncInterval.Milliseconds()
 			l.tallyMu.Unlock()
@@ -204,6 +210,7 @@ func (l *rollingLoad) result() loadResult {
 	var r loadResult
 	for i, w := range ws {
 		wt := l.tally[w]
+		r.detail = append(r.detail, fmt.Sprintf("window %d: %d allowed, %d denied; by member (allowed/denied) %v", w, wt.allowed, wt.denied, wt.byNode))
 		if w < l.from {
 			r.warmup = append(r.warmup, wt.allowed)
 			continue
@@ -268,6 +275,7 @@ func rollingRestart(t *testing.T, nodes []*node, bucket, key string, windowMS, o
 		old := l.members[i]
 		l.mu.RUnlock()
 		l.setUp(i, nil, false)
+		stopAt := l.clock()
 		took := stopNode(t, old)
 		n := restartNode(t, old)
 		l.mu.RLock()
@@ -276,7 +284,8 @@ func rollingRestart(t *testing.T, nodes []*node, bucket, key string, windowMS, o
 		cur[i] = n
 		settled := waitMembers(t, cur, names(cur), 30*time.Second)
 		l.setUp(i, n, true)
-		t.Logf("%s: stopped in %v, back and seen by every member %v after", n.name, took.Round(time.Millisecond), settled.Round(time.Millisecond))
+		t.Logf("%s: stopped at window %d +%d ms in %v, back and seen by every member %v after, in the load from window %d +%d ms",
+			n.name, stopAt/windowMS, stopAt%windowMS, took.Round(time.Millisecond), settled.Round(time.Millisecond), l.clock()/windowMS, l.clock()%windowMS)
 	}
 	time.Sleep(time.Duration(2*windowMS) * time.Millisecond)
 	close(stop)
@@ -307,11 +316,15 @@ func checkRolling(t *testing.T, r loadResult, limit int) {
 	if r.slow == len(r.windows) {
 		t.Logf("every window had a check slower than a sync interval (a busy machine): under-admission not asserted")
 	}
+	bound := int(math.Ceil(rollingUnderShare * float64(limit)))
 	if r.worst > rollingMaxOver {
 		t.Errorf("a window allowed %.3f × L, bound %.2f: %v", r.worst, rollingMaxOver, r)
 	}
-	if bound := int(math.Ceil(rollingUnderShare * float64(limit))); r.underMax > bound {
+	if r.underMax > bound {
 		t.Errorf("a window refused %d checks below the limit, bound %d: %v", r.underMax, bound, r)
+	}
+	if t.Failed() {
+		t.Logf("windows:\n%s", strings.Join(r.detail, "\n"))
 	}
 }
 
