@@ -367,8 +367,9 @@ func grantSummary(ctx context.Context, c *cluster) string {
 		}
 		return t
 	}
-	return fmt.Sprintf("asked %g (granted %g, zero %g, timed out %g, late %g); owners answered %g with room and %g with none (themselves: %g and %g)",
-		get("asked", "sent"), get("asked", "granted"), get("asked", "zero"), get("asked", "timed_out"), get("asked", "late"),
+	return fmt.Sprintf("asked %g (granted %g, zero %g, timed out %g and of those took a part %g, late %g and of those applied %g); owners answered %g with room and %g with none (themselves: %g and %g)",
+		get("asked", "sent"), get("asked", "granted"), get("asked", "zero"), get("asked", "timed_out"), get("asked", "took_part"),
+		get("asked", "late"), get("asked", "late_applied"),
 		get("answered_other", "granted"), get("answered_other", "zero"), get("answered_self", "granted"), get("answered_self", "zero"))
 }
 

@@ -525,9 +525,12 @@ func (r *replicator) grantSelf(k limiter.Key, want uint32, endMS int64, env shar
 // than refuse a check far below the limit, and sends its bound with the next flush.
 // Nearer the limit the check is refused: only the owner gives out the last of it. In
 // owner replication a node takes the part the owner's last summary offered, once, or,
-// with no summary of the window yet (an owner settling after a change, silent or cut off),
-// a member's part of the limit, as each member does while its owner is silent
-// (relay.go, awaitOwners).
+// with no summary of the window yet, a member's part of the limit only when the owner is
+// silent (relay.go, awaitOwners), as each member does then. An owner that is only slow
+// (a busy machine) or settling after a change is live and granting: a part taken beside
+// its grants by every member new to the key would add up beyond the limit, so the check
+// is refused instead (the answer, if it comes before the next flush, still raises the
+// bound).
 func (r *replicator) fallBack(k limiter.Key, a *ask, endMS int64, env shareEnv) bool {
 	r.slots.planMu.Lock()
 	var took bool
@@ -536,7 +539,7 @@ func (r *replicator) fallBack(k limiter.Key, a *ask, endMS int64, env shareEnv) 
 		took = r.slots.takePart(k, endMS, env)
 	case r.slots.known(k, a.sizeMS, endMS):
 		took = r.slots.takeAggPart(k, a.sizeMS, endMS)
-	default:
+	case r.ownerSilent(k, env):
 		c, ok := r.lim.CapIn(k, a.sizeMS, endMS)
 		part := memberPart(s.Limit, env)
 		took = ok && c < part && r.lim.RaiseCapTo(k, a.sizeMS, endMS, part)

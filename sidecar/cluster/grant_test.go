@@ -380,3 +380,45 @@ func TestSummaryPlannedBeforeAGrantDoesNotLowerIt(t *testing.T) {
 		t.Fatalf("an old incarnation's answered %d, want 0", got)
 	}
 }
+
+// A request for room that its owner did not answer in time takes no part of the limit
+// when the node has no summary of the window and the owner is live (only slow, or
+// settling): every member new to the key doing so would add up beyond the limit beside
+// the owner's grants. Once the owner is silent (awaitOwners), a member's part is taken.
+func TestUnansweredRequestTakesAPartOnlyFromASilentOwner(t *testing.T) {
+	lim := limiter.New(limiter.Options{Replicated: true})
+	r := newReplicator(lim, "b#1", true)
+	names := []string{"a", "b"}
+	l := limiter.Limit{Count: 10, Window: time.Hour}
+	k := limiter.Key{Bucket: lim.Bucket("token_create"), ID: "192.0.2.1"}
+	for ownerOf("token_create", k.ID, names) != "a" {
+		k.ID += "0"
+	}
+	size := l.Window.Milliseconds()
+	now := lim.NowMS()
+	end := windowEnd(now, size)
+	lim.SetCap(k, size, end, 0)
+	if lim.Check(k, 1, l).Allowed {
+		t.Fatal("a check allowed beyond a bound of 0")
+	}
+	env := shareEnv{now: now, intervalMS: 100, live: func(n string) bool { return n == "a" }, members: 2,
+		relay: true, grants: true, names: names, self: "b", grantMax: 100, owns: func(limiter.Key) bool { return false }}
+	a, _, ok := r.asks.start(k, size, end, now, 25)
+	if !ok {
+		t.Fatal("no request")
+	}
+	r.request(k, a, 1, now, 25)
+	if r.fallBack(k, a, end, env) {
+		c, _ := lim.CapIn(k, size, end)
+		t.Fatalf("took a part (bound %d) while the owner is live", c)
+	}
+	r.awaitMu.Lock()
+	r.silent["a"] = now
+	r.awaitMu.Unlock()
+	if !r.fallBack(k, a, end, env) {
+		t.Fatal("took no part while the owner is silent")
+	}
+	if c, _ := lim.CapIn(k, size, end); c != 5 {
+		t.Fatalf("bound %d, want a member's part 5", c)
+	}
+}

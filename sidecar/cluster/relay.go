@@ -846,15 +846,21 @@ func (r *replicator) unknown(k limiter.Key, limit uint32, sizeMS, endMS int64, e
 	if !env.relay || !r.share || env.owned(k, r.lim) {
 		return
 	}
-	r.awaitMu.Lock()
-	_, silent := r.silent[env.ownerOf(r.lim.BucketName(k.Bucket), k.ID)]
-	r.awaitMu.Unlock()
 	switch {
-	case silent:
+	case r.ownerSilent(k, env):
 		r.lim.SetCap(k, sizeMS, endMS, memberPart(limit, env))
 	case env.grantsFor(int64(limit)):
 		r.lim.SetCap(k, sizeMS, endMS, memberPart(limit, env)/(2*releaseShare))
 	}
+}
+
+// ownerSilent reports whether k's owner let a value wait for its summary longer than
+// ownerWait lately (awaitOwners): stopped or cut off, not yet declared dead.
+func (r *replicator) ownerSilent(k limiter.Key, env shareEnv) bool {
+	r.awaitMu.Lock()
+	defer r.awaitMu.Unlock()
+	_, silent := r.silent[env.ownerOf(r.lim.BucketName(k.Bucket), k.ID)]
+	return silent
 }
 
 // memberPart is a member's part of a limit: what each takes while the owner is silent.
