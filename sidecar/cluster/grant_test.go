@@ -299,34 +299,15 @@ func TestLateAnswerRaisesTheBoundUntilTheNextValue(t *testing.T) {
 // bound the grant raised (the owner holds that room for the member); one planned after
 // it does.
 func TestSummaryPlannedBeforeAGrantDoesNotLowerIt(t *testing.T) {
-	lim := limiter.New(limiter.Options{Replicated: true})
-	r := newReplicator(lim, "b#1", true)
-	k := limiter.Key{Bucket: lim.Bucket("token_create"), ID: "192.0.2.1"}
-	l := limiter.Limit{Count: 10, Window: time.Hour}
-	if !lim.Check(k, 1, l).Allowed {
+	m := newMemberB()
+	r, lim, k, size, end, now, env := m.r, m.lim, m.k, m.size, m.end, m.now, m.env
+	if !lim.Check(k, 1, m.limit).Allowed {
 		t.Fatal("first check refused")
 	}
-	size := l.Window.Milliseconds()
-	now := lim.NowMS()
-	end := windowEnd(now, size)
 	lim.SetCap(k, size, end, 1)
 	capOf := func() uint32 {
 		c, _ := lim.CapIn(k, size, end)
 		return c
-	}
-	// b's key is owned by the other member, a.
-	names := []string{"a", "b"}
-	for ownerOf("token_create", k.ID, names) != "a" {
-		k.ID += "0"
-		if !lim.Check(k, 1, l).Allowed {
-			t.Fatal("first check refused")
-		}
-		lim.SetCap(k, size, end, 1)
-	}
-	env := func(at int64) shareEnv {
-		return shareEnv{now: at, intervalMS: 100, live: func(n string) bool { return n == "a" }, members: 2,
-			relay: true, grants: true, names: names, self: "b", grantMax: 100,
-			owns: func(limiter.Key) bool { return false }}
 	}
 	a, first, ok := r.asks.start(k, size, end, now, 25)
 	if !ok || !first {
@@ -386,23 +367,13 @@ func TestSummaryPlannedBeforeAGrantDoesNotLowerIt(t *testing.T) {
 // settling): every member new to the key doing so would add up beyond the limit beside
 // the owner's grants. Once the owner is silent (awaitOwners), a member's part is taken.
 func TestUnansweredRequestTakesAPartOnlyFromASilentOwner(t *testing.T) {
-	lim := limiter.New(limiter.Options{Replicated: true})
-	r := newReplicator(lim, "b#1", true)
-	names := []string{"a", "b"}
-	l := limiter.Limit{Count: 10, Window: time.Hour}
-	k := limiter.Key{Bucket: lim.Bucket("token_create"), ID: "192.0.2.1"}
-	for ownerOf("token_create", k.ID, names) != "a" {
-		k.ID += "0"
-	}
-	size := l.Window.Milliseconds()
-	now := lim.NowMS()
-	end := windowEnd(now, size)
+	m := newMemberB()
+	r, lim, k, size, end, now := m.r, m.lim, m.k, m.size, m.end, m.now
 	lim.SetCap(k, size, end, 0)
-	if lim.Check(k, 1, l).Allowed {
+	if lim.Check(k, 1, m.limit).Allowed {
 		t.Fatal("a check allowed beyond a bound of 0")
 	}
-	env := shareEnv{now: now, intervalMS: 100, live: func(n string) bool { return n == "a" }, members: 2,
-		relay: true, grants: true, names: names, self: "b", grantMax: 100, owns: func(limiter.Key) bool { return false }}
+	env := m.env(now)
 	a, _, ok := r.asks.start(k, size, end, now, 25)
 	if !ok {
 		t.Fatal("no request")
@@ -421,4 +392,34 @@ func TestUnansweredRequestTakesAPartOnlyFromASilentOwner(t *testing.T) {
 	if c, _ := lim.CapIn(k, size, end); c != 5 {
 		t.Fatalf("bound %d, want a member's part 5", c)
 	}
+}
+
+// memberB is member b of a two-member cluster in owner replication and the grants, with
+// a key of token_create (10 an hour) that the other member, a, owns.
+type memberB struct {
+	lim            *limiter.Limiter
+	r              *replicator
+	k              limiter.Key
+	limit          limiter.Limit
+	size, end, now int64
+}
+
+func newMemberB() memberB {
+	lim := limiter.New(limiter.Options{Replicated: true})
+	m := memberB{lim: lim, r: newReplicator(lim, "b#1", true), limit: limiter.Limit{Count: 10, Window: time.Hour},
+		k: limiter.Key{Bucket: lim.Bucket("token_create"), ID: "192.0.2.1"}}
+	for ownerOf("token_create", m.k.ID, []string{"a", "b"}) != "a" {
+		m.k.ID += "0"
+	}
+	m.size = m.limit.Window.Milliseconds()
+	m.now = lim.NowMS()
+	m.end = windowEnd(m.now, m.size)
+	return m
+}
+
+// env is b's share-mode view at at.
+func (memberB) env(at int64) shareEnv {
+	return shareEnv{now: at, intervalMS: 100, live: func(n string) bool { return n == "a" }, members: 2,
+		relay: true, grants: true, names: []string{"a", "b"}, self: "b", grantMax: 100,
+		owns: func(limiter.Key) bool { return false }}
 }
