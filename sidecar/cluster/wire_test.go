@@ -304,3 +304,45 @@ func FuzzDecode(f *testing.F) {
 		}
 	})
 }
+
+// A summary cut short anywhere, or with bytes after its last entry, is refused as
+// malformed, never half applied; so is one whose compressed body is cut short.
+func TestDecodeSummaryRefusesMalformed(t *testing.T) {
+	entries := []summaryEntry{
+		{bucket: "token_create", id: "192.0.2.1", sizeMS: 60_000, endMS: 1_700_000_040_000, others: 4, own: 1,
+			planned: true, cur: 2, curCapped: true, next: 3, nextCapped: true, part: 1, answered: 7},
+		{bucket: "login_ip", id: "192.0.2.2", sizeMS: 60_000, endMS: 1_700_000_040_000, others: 1},
+	}
+	msgs := packSummaries(1_700_000_000_000, "a#1", 200, entries)
+	if len(msgs) != 1 {
+		t.Fatalf("%d messages", len(msgs))
+	}
+	s, err := decodeSummary(msgs[0])
+	if err != nil || len(s.entries) != 2 || s.answered != 0 || s.entries[0].cur != 2 {
+		t.Fatalf("decoded %+v, %v", s, err)
+	}
+	raw, err := body(msgs[0], summaryKind)
+	if err != nil {
+		t.Fatal(err)
+	}
+	plain := append([]byte{summaryKind, 0}, raw...)
+	if _, err := decodeSummary(plain); err != nil {
+		t.Fatalf("uncompressed: %v", err)
+	}
+	for n := range len(plain) {
+		if _, err := decodeSummary(plain[:n]); err == nil {
+			t.Fatalf("cut at %d of %d bytes: decoded", n, len(plain))
+		}
+	}
+	if _, err := decodeSummary(append(plain, 0)); err == nil {
+		t.Fatal("a trailing byte: decoded")
+	}
+	for n := range len(msgs[0]) {
+		if _, err := decodeSummary(msgs[0][:n]); err == nil {
+			t.Fatalf("compressed, cut at %d of %d bytes: decoded", n, len(msgs[0]))
+		}
+	}
+	if _, err := decodeSummary([]byte{summaryKind, 0x80, 1}); err == nil {
+		t.Fatal("unknown flags: decoded")
+	}
+}
