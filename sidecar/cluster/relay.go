@@ -298,15 +298,17 @@ func decodeRelay(b []byte) ([]message, error) {
 // every moment; sent as they come due, with those due within lazySlack intervals, each
 // owner would get a packet about every lazySlack intervals, and a node's packets would
 // grow with the number of members. So beyond 3 members a member gets them at most every
-// lazySlack intervals times half the other members (a 3-member cluster's two), at most
-// lazyIntervals intervals: a node's packets of values far from their limits stay about
-// what they are at 3 members, and those values reach their owner up to that much later
-// (the projections of lazy allow for it).
+// lazySlack intervals times half the other members (a 3-member cluster's two): a node
+// sends at most two such packets a second at the default interval however many members
+// there are, and those values reach their owner up to that much later (the projections
+// of lazy allow for it: a counter that could come near its limit before is sent at once).
+// A value waits no longer than its window's last interval in any case (lazy.go), so a
+// pace longer than a window only makes that window's last interval the value's time.
 func (e shareEnv) paceMS() int64 {
 	if e.members <= 3 {
 		return 0
 	}
-	return min(lazySlack*e.intervalMS*int64(e.members-1)/2, lazyIntervals*e.intervalMS)
+	return lazySlack * e.intervalMS * int64(e.members-1) / 2
 }
 
 // raiseIntervals bounds, in sync intervals (and the grants' wait), how long after a
@@ -572,7 +574,7 @@ func (s *slots) summarizeKey(k limiter.Key, env shareEnv, share bool, reply stri
 		}
 		// The bounds go only when they change: an entry without them leaves the member's
 		// as they are (a grant it applied since, say).
-		e.planned = e.planned && sl.boundsChanged(e, v.self, v.limit, env.now, env.intervalMS)
+		e.planned = e.planned && sl.boundsChanged(e, v.self, v.limit, env.members, env.now, env.intervalMS)
 		c := candidate{to: m.name, k: k, due: env.now}
 		switch {
 		case m.first || e.planned:
@@ -657,13 +659,20 @@ func boundsOf(e summaryEntry) bounds {
 // boundsChanged reports whether the member's bounds planned in e differ from what it
 // holds (self: the member as the owner planned it) or, in the next window, from what it
 // was last sent; unless this node sent them lately (less than three intervals ago: the
-// member's report of them may be on its way).
-func (sl *slot) boundsChanged(e summaryEntry, self shareNode, limit, now, intervalMS int64) bool {
+// member's report of them may be on its way). members is how many live members divide
+// the limit.
+func (sl *slot) boundsChanged(e summaryEntry, self shareNode, limit int64, members int, now, intervalMS int64) bool {
 	b, last := boundsOf(e), sl.sumBounds
 	curHolds := b.curCapped == self.capped && (!b.curCapped || int64(b.cur) == self.claim)
-	// The next window's bound: a fall goes at once (the bounds of the next window divide
-	// the limit), a rise once it is worth a message, or in the window's last two
-	// intervals (the bound is the member's from the window's start).
+	// The next window's bound: a rise goes once it is worth a message, a fall once it is
+	// worth a member's part of that, else either goes in the window's last two
+	// intervals, before the window it bounds begins. Far from the limit the plan moves
+	// every member's next bound by a few hits at every report as their demands move:
+	// sent at once, each such move would cost a summary to every member at every
+	// report. The bounds of the next window divide the limit, so what the falls that
+	// wait free may have gone to another member at once as a large rise; together they
+	// are less than a releaseShare-th of the limit (a member's part of it each), and
+	// they go before the window begins.
 	var nextHolds bool
 	switch {
 	case b.nextCapped != last.nextCapped:
@@ -673,6 +682,8 @@ func (sl *slot) boundsChanged(e summaryEntry, self shareNode, limit, now, interv
 		nextHolds = true
 	case b.next > last.next:
 		nextHolds = int64(b.next-last.next) < max(limit/releaseShare, 1) && e.endMS-now > 2*intervalMS
+	default:
+		nextHolds = int64(last.next-b.next) < max(limit/releaseShare/int64(max(members, 1)), 1) && e.endMS-now > 2*intervalMS
 	}
 	if curHolds && nextHolds {
 		return false

@@ -309,3 +309,39 @@ func TestSawDirect(t *testing.T) {
 		t.Fatalf("current: %v", s.current)
 	}
 }
+
+// TestSmallChangeOfTheNextBoundWaitsForTheWindowsEnd: far from the limit the owner's
+// plan moves each member's bound in the next window by a few hits at every report; such
+// a change goes with the window's last two intervals (before the window it bounds
+// begins), not in a summary of its own, while one worth a message goes at once: a rise
+// of a 16th of the limit, a fall of a member's part of that (the falls that wait free
+// less than a 16th of the limit together), any change of a small limit.
+func TestSmallChangeOfTheNextBoundWaitsForTheWindowsEnd(t *testing.T) {
+	const end, interval, members = t0 + minute, int64(100), 20
+	far, last := end-30_000, end-150
+	held := shareNode{capped: true, claim: 50_000}
+	for _, tc := range []struct {
+		name      string
+		limit     int64
+		next, now int64
+		want      bool
+	}{
+		{"unchanged", 1_000_000, 50_000, far, false},
+		{"falls by 1, far from the window's end", 1_000_000, 49_999, far, false},
+		{"falls by a 320th of the limit less 1", 1_000_000, 50_000 - 3_124, far, false},
+		{"falls by a 320th of the limit", 1_000_000, 50_000 - 3_125, far, true},
+		{"rises by 1, far from the window's end", 1_000_000, 50_001, far, false},
+		{"rises by a 16th of the limit less 1", 1_000_000, 50_000 + 62_499, far, false},
+		{"rises by a 16th of the limit", 1_000_000, 50_000 + 62_500, far, true},
+		{"falls by 1 in the window's last two intervals", 1_000_000, 49_999, last, true},
+		{"rises by 1 in the window's last two intervals", 1_000_000, 50_001, last, true},
+		{"falls by 1 of a limit of 10", 10, 49_999, far, true},
+		{"rises by 1 of a limit of 10", 10, 50_001, far, true},
+	} {
+		sl := slot{sumAt: far - 10*interval, sumBounds: bounds{cur: 50_000, next: 50_000, curCapped: true, nextCapped: true}}
+		e := summaryEntry{endMS: end, planned: true, cur: 50_000, curCapped: true, next: uint32(tc.next), nextCapped: true}
+		if got := sl.boundsChanged(e, held, tc.limit, members, tc.now, interval); got != tc.want {
+			t.Errorf("%s: boundsChanged = %v, want %v", tc.name, got, tc.want)
+		}
+	}
+}
