@@ -567,7 +567,8 @@ func (s *slots) summarizeKey(k limiter.Key, env shareEnv, share bool, reply stri
 			}
 		}
 		s.mu.Lock()
-		sl := ks.slotOf(s.origins[m.origin], end)
+		oid := s.origins[m.origin]
+		sl := ks.slotOf(oid, end)
 		if sl == nil {
 			s.mu.Unlock()
 			continue
@@ -593,7 +594,7 @@ func (s *slots) summarizeKey(k limiter.Key, env shareEnv, share bool, reply stri
 		}
 		s.mu.Unlock()
 		c.e = e
-		oid, now := s.origins[m.origin], env.now
+		now := env.now
 		c.apply = func() {
 			s.mu.Lock()
 			defer s.mu.Unlock()
