@@ -677,14 +677,14 @@ func (sl *slot) boundsChanged(e summaryEntry, self shareNode, limit int64, membe
 	var nextHolds bool
 	switch {
 	case b.nextCapped != last.nextCapped:
-	case !b.nextCapped:
+	case !b.nextCapped || b.next == last.next:
 		nextHolds = true
-	case b.next == last.next:
-		nextHolds = true
-	case b.next > last.next:
-		nextHolds = int64(b.next-last.next) < max(limit/releaseShare, 1) && e.endMS-now > 2*intervalMS
 	default:
-		nextHolds = int64(last.next-b.next) < max(limit/releaseShare/int64(max(members, 1)), 1) && e.endMS-now > 2*intervalMS
+		move, worth := int64(b.next)-int64(last.next), max(limit/releaseShare, 1)
+		if move < 0 {
+			move, worth = -move, max(limit/releaseShare/int64(max(members, 1)), 1)
+		}
+		nextHolds = move < worth && e.endMS-now > 2*intervalMS
 	}
 	if curHolds && nextHolds {
 		return false
