@@ -1,6 +1,7 @@
 package clusterload
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"flag"
@@ -10,6 +11,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -347,7 +349,8 @@ func exactOnCluster(ctx context.Context, bin, limits string, n, keys int, scens 
 func grantSummary(ctx context.Context, c *cluster) string {
 	sum := map[string]float64{}
 	for _, n := range c.nodes {
-		samples, err := promscrape.Scrape(ctx, "http://"+n.http+"/metrics", []string{"converger_cluster_share_grants_total{"})
+		samples, err := promscrape.Scrape(ctx, "http://"+n.http+"/metrics",
+			[]string{"converger_cluster_share_grants_total{", askRTTBuckets, askLagBuckets})
 		if err != nil {
 			continue
 		}
@@ -367,10 +370,61 @@ func grantSummary(ctx context.Context, c *cluster) string {
 		}
 		return t
 	}
-	return fmt.Sprintf("asked %g (granted %g, zero %g, timed out %g and of those took a part %g, late %g and of those applied %g); owners answered %g with room and %g with none (themselves: %g and %g)",
+	out := fmt.Sprintf("asked %g (granted %g, zero %g, timed out %g and of those took a part %g, late %g and of those applied %g); owners answered %g with room and %g with none (themselves: %g and %g)",
 		get("asked", "sent"), get("asked", "granted"), get("asked", "zero"), get("asked", "timed_out"), get("asked", "took_part"),
 		get("asked", "late"), get("asked", "late_applied"),
 		get("answered_other", "granted"), get("answered_other", "zero"), get("answered_self", "granted"), get("answered_self", "zero"))
+	if rtt := quantiles(sum, askRTTBuckets); rtt != "" {
+		out += "; round trip " + rtt + ", of which the way in " + quantiles(sum, askLagBuckets)
+	}
+	return out
+}
+
+// The requests' histograms (a release before them has none).
+const (
+	askRTTBuckets = "converger_cluster_share_ask_seconds_bucket{"
+	askLagBuckets = "converger_cluster_share_ask_lag_seconds_bucket{"
+)
+
+// quantiles gives the median and the 90th and 99th percentiles of the histogram whose
+// buckets (summed over the nodes) are the samples named with prefix, each as the bucket
+// bound it falls under ("" when the histogram is missing or empty).
+func quantiles(sum map[string]float64, prefix string) string {
+	type bucket struct{ le, n float64 }
+	var bs []bucket
+	for name, n := range sum {
+		rest, ok := strings.CutPrefix(name, prefix)
+		if !ok {
+			continue
+		}
+		_, le, ok := strings.Cut(rest, `le="`)
+		if !ok {
+			continue
+		}
+		le, _, _ = strings.Cut(le, `"`)
+		v, err := strconv.ParseFloat(le, 64) // "+Inf" parses as +Inf
+		if err != nil {
+			continue
+		}
+		bs = append(bs, bucket{v, n})
+	}
+	slices.SortFunc(bs, func(a, b bucket) int { return cmp.Compare(a.le, b.le) })
+	if len(bs) == 0 || bs[len(bs)-1].n == 0 {
+		return ""
+	}
+	total := bs[len(bs)-1].n
+	at := func(q float64) string {
+		for _, b := range bs {
+			if b.n >= q*total {
+				if math.IsInf(b.le, 1) {
+					return "> " + strconv.FormatFloat(bs[max(len(bs)-2, 0)].le*1000, 'g', -1, 64) + " ms"
+				}
+				return "≤ " + strconv.FormatFloat(b.le*1000, 'g', -1, 64) + " ms"
+			}
+		}
+		return "?"
+	}
+	return fmt.Sprintf("p50 %s, p90 %s, p99 %s of %g", at(.5), at(.9), at(.99), total)
 }
 
 // runTrial runs a plan on one key.

@@ -52,3 +52,23 @@ func TestExactReportSection(t *testing.T) {
 		t.Errorf("replaced badly:\n%s", s)
 	}
 }
+
+// TestQuantiles reads the request histograms summed over the nodes: each quantile as the
+// bound of the first bucket that holds it.
+func TestQuantiles(t *testing.T) {
+	b := func(le string) string { return askRTTBuckets + `le="` + le + `"}` }
+	sum := map[string]float64{
+		b("0.005"): 50, b("0.01"): 80, b("0.025"): 99, b("0.05"): 99, b("+Inf"): 100,
+		askLagBuckets + `le="+Inf"}`: 0, `converger_cluster_share_grants_total{role="asked",result="sent"}`: 100,
+	}
+	if got, want := quantiles(sum, askRTTBuckets), "p50 ≤ 5 ms, p90 ≤ 25 ms, p99 ≤ 25 ms of 100"; got != want {
+		t.Errorf("got %q, want %q", got, want)
+	}
+	sum[b("+Inf")] = 1000
+	if got, want := quantiles(sum, askRTTBuckets), "p50 > 50 ms, p90 > 50 ms, p99 > 50 ms of 1000"; got != want {
+		t.Errorf("got %q, want %q", got, want)
+	}
+	if got := quantiles(sum, askLagBuckets); got != "" {
+		t.Errorf("an empty histogram: %q", got)
+	}
+}
