@@ -1149,6 +1149,10 @@ func (e *events) NotifyLeave(n *memberlist.Node) {
 	c.gone[n.Name] = struct{}{}
 	c.updateOwners()
 	c.membersMu.Unlock()
+	if n.State == memberlist.StateLeft {
+		// Left, not declared dead (a netsplit comes back as the same incarnation).
+		c.rep.slots.memberLeft(n.Name)
+	}
 }
 
 func (e *events) NotifyUpdate(n *memberlist.Node) {

@@ -44,6 +44,10 @@ type slots struct {
 	// current maps a node name to its newest origin that sent to this node directly:
 	// an earlier incarnation of a restarted node is no longer a live member.
 	current map[string]uint32
+	// left maps a node name that left the cluster to the origin it had then: a message
+	// of that origin arriving after (its handoff, a late packet) does not make it
+	// current again.
+	left map[string]uint32
 }
 
 type keyState struct {
@@ -116,6 +120,7 @@ func newSlots(lim *limiter.Limiter, self string) *slots {
 		touched: map[limiter.Key]struct{}{},
 		recheck: map[limiter.Key]struct{}{},
 		current: map[string]uint32{},
+		left:    map[string]uint32{},
 	}
 }
 
@@ -249,8 +254,32 @@ func (s *slots) answeredOf(origin string) uint64 {
 func (s *slots) sawDirect(origin string) {
 	name, _, _ := strings.Cut(origin, "#")
 	s.mu.Lock()
-	s.current[name] = s.intern(origin)
-	s.mu.Unlock()
+	defer s.mu.Unlock()
+	id := s.intern(origin)
+	if gone, ok := s.left[name]; ok {
+		if gone == id {
+			return
+		}
+		delete(s.left, name)
+	}
+	s.current[name] = id
+}
+
+// noOrigin is, in current, a node that left: none of its origins is current until the
+// next incarnation sends to this node.
+const noOrigin = math.MaxUint32
+
+// memberLeft notes that the member named left the cluster (a graceful leave: the process
+// stops): the origins it had are earlier incarnations from now on, so that when it comes
+// back as a new one, the old one's bound is not held for it as a live member's until the
+// new one first sends to this node; the old one keeps its count.
+func (s *slots) memberLeft(name string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if cur, ok := s.current[name]; ok && cur != noOrigin {
+		s.left[name] = cur
+	}
+	s.current[name] = noOrigin
 }
 
 // bucket resolves a bucket name from another node.

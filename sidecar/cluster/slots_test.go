@@ -310,6 +310,45 @@ func TestSawDirect(t *testing.T) {
 	}
 }
 
+// TestALeftMembersBoundIsNotHeldWhenItComesBack: a member that left (SIGTERM) and came
+// back as a new incarnation that has not sent to this node yet is live again by name,
+// but the bound its earlier incarnation set is not held for it any more, only its count
+// (holding it refused checks below the limit until the new one first sent). Only a
+// graceful leave does this: a member declared dead and back (a netsplit healed) is the
+// same incarnation.
+func TestALeftMembersBoundIsNotHeldWhenItComesBack(t *testing.T) {
+	s, lim, c := newTestSlots(t)
+	now := c.ms.Load()
+	k := limiter.Key{Bucket: lim.Bucket("login_ip"), ID: "ip"}
+	end := now/minute*minute + minute
+	s.sawDirect(originA)
+	mustMerge(t, s, originA, value{bucket: "login_ip", id: "ip", sizeMS: minute, endMS: end, count: 2, share: true, cap: 8, capped: true, limit: 10}, now, merged)
+	env := shareEnv{now: now, intervalMS: 100, live: func(string) bool { return true }, members: 2}
+	held := func() (int64, bool) {
+		v, ok := s.shareView(k, limiter.Snapshot{Limit: 10, SizeMS: minute, EndMS: end}, env)
+		if !ok || len(v.peers) != 1 {
+			t.Fatalf("view: %+v, %v", v, ok)
+		}
+		return v.peers[0].held(), v.peers[0].live
+	}
+	if h, live := held(); h != 8 || !live {
+		t.Fatalf("a live member: holds %d (live %v), want its bound 8", h, live)
+	}
+	s.memberLeft("a")
+	if h, live := held(); h != 2 || live {
+		t.Fatalf("back after leaving, not heard from: holds %d (live %v), want its count 2", h, live)
+	}
+	// Its handoff, or a late packet of it, merged after the leave.
+	s.sawDirect(originA)
+	if h, live := held(); h != 2 || live {
+		t.Fatalf("a message of the incarnation that left: it holds %d (live %v), want its count 2", h, live)
+	}
+	s.sawDirect("a#3333333333333333")
+	if h, live := held(); h != 2 || live {
+		t.Fatalf("its new incarnation heard from: the old one holds %d (live %v), want its count 2", h, live)
+	}
+}
+
 // TestSmallChangeOfTheNextBoundWaitsForTheWindowsEnd: far from the limit the owner's
 // plan moves each member's bound in the next window by a few hits at every report; such
 // a change goes with the window's last two intervals (before the window it bounds
