@@ -44,10 +44,11 @@ type slots struct {
 	// current maps a node name to its newest origin that sent to this node directly:
 	// an earlier incarnation of a restarted node is no longer a live member.
 	current map[string]uint32
-	// left maps a node name that left the cluster to the origin it had then: a message
-	// of that origin arriving after (its handoff, a late packet) does not make it
+	// announced maps a node name to the origin its membership metadata names (its
+	// incarnation): current from its join on, and a message of an earlier origin of
+	// the name arriving after (its handoff, a late packet) does not make that one
 	// current again.
-	left map[string]uint32
+	announced map[string]uint32
 }
 
 type keyState struct {
@@ -114,13 +115,13 @@ func (sl slot) demand() uint32 {
 func newSlots(lim *limiter.Limiter, self string) *slots {
 	return &slots{
 		lim: lim, self: self,
-		origins: map[string]uint32{},
-		keys:    map[limiter.Key]*keyState{},
-		pending: map[limiter.Key]struct{}{},
-		touched: map[limiter.Key]struct{}{},
-		recheck: map[limiter.Key]struct{}{},
-		current: map[string]uint32{},
-		left:    map[string]uint32{},
+		origins:   map[string]uint32{},
+		keys:      map[limiter.Key]*keyState{},
+		pending:   map[limiter.Key]struct{}{},
+		touched:   map[limiter.Key]struct{}{},
+		recheck:   map[limiter.Key]struct{}{},
+		current:   map[string]uint32{},
+		announced: map[string]uint32{},
 	}
 }
 
@@ -256,30 +257,23 @@ func (s *slots) sawDirect(origin string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	id := s.intern(origin)
-	if gone, ok := s.left[name]; ok {
-		if gone == id {
-			return
-		}
-		delete(s.left, name)
+	if a, ok := s.announced[name]; ok && a != id {
+		return
 	}
 	s.current[name] = id
 }
 
-// noOrigin is, in current, a node that left: none of its origins is current until the
-// next incarnation sends to this node.
-const noOrigin = math.MaxUint32
-
-// memberLeft notes that the member named left the cluster (a graceful leave: the process
-// stops): the origins it had are earlier incarnations from now on, so that when it comes
-// back as a new one, the old one's bound is not held for it as a live member's until the
-// new one first sends to this node; the old one keeps its count.
-func (s *slots) memberLeft(name string) {
+// sawMember notes the origin a member's metadata names (announcedOrigin): its current
+// incarnation from now on. A node restarted is live again by name as soon as it joins;
+// its earlier incarnation, taken for current until the new one sent to this node, held
+// its bound as a live member's room meanwhile.
+func (s *slots) sawMember(origin string) {
+	name := nodeName(origin)
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if cur, ok := s.current[name]; ok && cur != noOrigin {
-		s.left[name] = cur
-	}
-	s.current[name] = noOrigin
+	id := s.intern(origin)
+	s.announced[name] = id
+	s.current[name] = id
 }
 
 // bucket resolves a bucket name from another node.
