@@ -869,8 +869,7 @@ func (c *Cluster) Debug(bucket, key string) DebugCounter {
 type delegate Cluster
 
 // NodeMeta announces the newest sync message version this node reads, whether it asks
-// and answers grants, the largest limit it runs them for, and its incarnation (members
-// of earlier releases read the first three and ignore the rest).
+// and answers grants, and the largest limit it runs them for.
 func (d *delegate) NodeMeta(int) []byte {
 	features := featureViewQuery
 	if d.c().grantsOn() {
@@ -879,26 +878,7 @@ func (d *delegate) NodeMeta(int) []byte {
 	if !d.c().cfg.Broadcast {
 		features |= featureRelay
 	}
-	_, inc, _ := strings.Cut(d.c().origin, "#")
-	return appendString(binary.AppendUvarint([]byte{version, features}, uint64(d.c().cfg.GrantMaxLimit)), inc)
-}
-
-// announcedOrigin is the origin (name and incarnation) a member's metadata names; ""
-// for a member of an earlier release, which names none.
-func announcedOrigin(n *memberlist.Node) string {
-	if len(n.Meta) < 3 {
-		return ""
-	}
-	_, k := binary.Uvarint(n.Meta[2:])
-	if k <= 0 {
-		return ""
-	}
-	r := reader{b: n.Meta[2+k:]}
-	inc := r.string()
-	if r.err != nil || inc == "" || len(inc) > 32 || len(r.b) != 0 {
-		return ""
-	}
-	return n.Name + "#" + inc
+	return binary.AppendUvarint([]byte{version, features}, uint64(d.c().cfg.GrantMaxLimit))
 }
 
 // announcedGrantMax is the largest limit a member's metadata says it runs the grants
@@ -1135,9 +1115,6 @@ func (e *events) NotifyJoin(n *memberlist.Node) {
 	c := (*Cluster)(e)
 	c.m.members.Add(1)
 	c.log.Info("member joined", "member", n.Name, "addr", n.Address())
-	if o := announcedOrigin(n); o != "" && n.Name != c.cfg.NodeName {
-		c.rep.slots.sawMember(o)
-	}
 	c.membersMu.Lock()
 	c.members[n.Name] = copyNode(n)
 	_, back := c.gone[n.Name]
@@ -1176,9 +1153,6 @@ func (e *events) NotifyLeave(n *memberlist.Node) {
 
 func (e *events) NotifyUpdate(n *memberlist.Node) {
 	c := (*Cluster)(e)
-	if o := announcedOrigin(n); o != "" && n.Name != c.cfg.NodeName {
-		c.rep.slots.sawMember(o)
-	}
 	c.membersMu.Lock()
 	if _, ok := c.members[n.Name]; ok {
 		c.members[n.Name] = copyNode(n)

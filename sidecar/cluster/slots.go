@@ -44,11 +44,6 @@ type slots struct {
 	// current maps a node name to its newest origin that sent to this node directly:
 	// an earlier incarnation of a restarted node is no longer a live member.
 	current map[string]uint32
-	// announced maps a node name to the origin its membership metadata names (its
-	// incarnation): current from its join on, and a message of an earlier origin of
-	// the name arriving after (its handoff, a late packet) does not make that one
-	// current again.
-	announced map[string]uint32
 }
 
 type keyState struct {
@@ -115,13 +110,12 @@ func (sl slot) demand() uint32 {
 func newSlots(lim *limiter.Limiter, self string) *slots {
 	return &slots{
 		lim: lim, self: self,
-		origins:   map[string]uint32{},
-		keys:      map[limiter.Key]*keyState{},
-		pending:   map[limiter.Key]struct{}{},
-		touched:   map[limiter.Key]struct{}{},
-		recheck:   map[limiter.Key]struct{}{},
-		current:   map[string]uint32{},
-		announced: map[string]uint32{},
+		origins: map[string]uint32{},
+		keys:    map[limiter.Key]*keyState{},
+		pending: map[limiter.Key]struct{}{},
+		touched: map[limiter.Key]struct{}{},
+		recheck: map[limiter.Key]struct{}{},
+		current: map[string]uint32{},
 	}
 }
 
@@ -255,25 +249,8 @@ func (s *slots) answeredOf(origin string) uint64 {
 func (s *slots) sawDirect(origin string) {
 	name, _, _ := strings.Cut(origin, "#")
 	s.mu.Lock()
-	defer s.mu.Unlock()
-	id := s.intern(origin)
-	if a, ok := s.announced[name]; ok && a != id {
-		return
-	}
-	s.current[name] = id
-}
-
-// sawMember notes the origin a member's metadata names (announcedOrigin): its current
-// incarnation from now on. A node restarted is live again by name as soon as it joins;
-// its earlier incarnation, taken for current until the new one sent to this node, held
-// its bound as a live member's room meanwhile.
-func (s *slots) sawMember(origin string) {
-	name := nodeName(origin)
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	id := s.intern(origin)
-	s.announced[name] = id
-	s.current[name] = id
+	s.current[name] = s.intern(origin)
+	s.mu.Unlock()
 }
 
 // bucket resolves a bucket name from another node.

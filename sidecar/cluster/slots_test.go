@@ -1,7 +1,6 @@
 package cluster
 
 import (
-	"bytes"
 	"fmt"
 	"strings"
 	"sync/atomic"
@@ -9,7 +8,6 @@ import (
 	"time"
 
 	"github.com/converger/edge/sidecar/limiter"
-	"github.com/hashicorp/memberlist"
 )
 
 // testClock is the wall clock of a test limiter; it moves only when the test moves it.
@@ -309,61 +307,6 @@ func TestSawDirect(t *testing.T) {
 	s.sawDirect("b#3333")
 	if s.names[s.current["a"]] != "a#2222" || s.names[s.current["b"]] != "b#3333" {
 		t.Fatalf("current: %v", s.current)
-	}
-}
-
-// TestARestartedMembersOldBoundIsNotHeld: a member restarted (a new incarnation) is live
-// again by name once it joins; its metadata names its new origin, so the bound its
-// earlier incarnation set is not held for it any more, only that one's count, even
-// before the new one sends to this node, and a late message of the old one (its
-// handoff) does not make it current again.
-func TestARestartedMembersOldBoundIsNotHeld(t *testing.T) {
-	s, lim, c := newTestSlots(t)
-	now := c.ms.Load()
-	k := limiter.Key{Bucket: lim.Bucket("login_ip"), ID: "ip"}
-	end := now/minute*minute + minute
-	s.sawDirect(originA)
-	mustMerge(t, s, originA, value{bucket: "login_ip", id: "ip", sizeMS: minute, endMS: end, count: 2, share: true, cap: 8, capped: true, limit: 10}, now, merged)
-	env := shareEnv{now: now, intervalMS: 100, live: func(string) bool { return true }, members: 2}
-	held := func() (int64, bool) {
-		v, ok := s.shareView(k, limiter.Snapshot{Limit: 10, SizeMS: minute, EndMS: end}, env)
-		if !ok || len(v.peers) != 1 {
-			t.Fatalf("view: %+v, %v", v, ok)
-		}
-		return v.peers[0].held(), v.peers[0].live
-	}
-	if h, live := held(); h != 8 || !live {
-		t.Fatalf("a live member: holds %d (live %v), want its bound 8", h, live)
-	}
-	s.sawMember(originA) // its metadata, unchanged (a netsplit healed): the same incarnation
-	if h, live := held(); h != 8 || !live {
-		t.Fatalf("the same incarnation announced: holds %d (live %v), want its bound 8", h, live)
-	}
-	s.sawMember("a#3333333333333333")
-	if h, live := held(); h != 2 || live {
-		t.Fatalf("a new incarnation joined: the old one holds %d (live %v), want its count 2", h, live)
-	}
-	s.sawDirect(originA)
-	if h, live := held(); h != 2 || live {
-		t.Fatalf("a late message of the old incarnation: it holds %d (live %v), want its count 2", h, live)
-	}
-}
-
-// TestNodeMetaNamesTheIncarnation: the metadata a member announces names its origin;
-// a release before it (three fields) names none.
-func TestNodeMetaNamesTheIncarnation(t *testing.T) {
-	c := &Cluster{origin: "n1#0123456789abcdef", cfg: Config{GrantMaxLimit: 100}}
-	meta := (*delegate)(c).NodeMeta(512)
-	if got := announcedOrigin(&memberlist.Node{Name: "n1", Meta: meta}); got != c.origin {
-		t.Errorf("announced %q, want %q", got, c.origin)
-	}
-	if got := announcedGrantMax(meta); got != 100 {
-		t.Errorf("grant max %d read by a release before the incarnation, want 100", got)
-	}
-	for _, m := range [][]byte{meta[:3], meta[:len(meta)-1], append(meta[:3:3], 0), append(bytes.Clone(meta), 0), nil} {
-		if got := announcedOrigin(&memberlist.Node{Name: "n1", Meta: m}); got != "" {
-			t.Errorf("metadata %v: announced %q, want none", m, got)
-		}
 	}
 }
 
