@@ -121,6 +121,7 @@ type Cluster struct {
 
 	ownersMu sync.Mutex
 	owners   owners // the keys' owners (grant.go), made again on membership events
+	asksOut  outbox // requests for room waiting to go in a bundle (bundle.go)
 
 	viewMu     sync.Mutex
 	viewRound  *viewRound       // the live view's last round of queries (traffic.go)
@@ -657,7 +658,7 @@ func (c *Cluster) askRoom(k limiter.Key, n uint32, sizeMS, endMS int64) bool {
 	}
 	if first {
 		q := c.rep.request(k, a, n, now, waitMS)
-		if !c.send(&node, kindAsk, encodeAsk(q)) {
+		if !c.sendAsk(&node, encodeAsk(q)) {
 			c.rep.asks.end(k, a, 0)
 			return false
 		}
@@ -702,17 +703,26 @@ func (c *Cluster) noteGrant(to string, g uint32) {
 	c.m.grants.WithLabelValues("answered_"+to, result).Inc()
 }
 
-// receiveAsk answers another node's request for room, as the key's owner. In owner
-// replication an owner that has not settled forwards it to the member that owned the key
-// before it, which answers, and tells it what it granted.
+// receiveAsk answers another node's request for room, as the key's owner.
 func (c *Cluster) receiveAsk(b []byte) {
+	if n, ans, ok := c.answerAsk(b); ok {
+		c.send(&n, kindAnswer, ans)
+	}
+}
+
+// answerAsk returns the answer to another node's request for room, as the key's owner,
+// and the asker to send it to (ok false: none to send). In owner replication an owner
+// that has not settled forwards the request to the member that owned the key before it,
+// which answers, and tells it what it granted.
+func (c *Cluster) answerAsk(b []byte) (to memberlist.Node, answer []byte, ok bool) {
 	q, err := decodeAsk(b)
 	if err != nil {
 		c.m.malformed.Inc()
-		return
+		return to, nil, false
 	}
 	name, _, _ := strings.Cut(q.origin, "#")
 	now := c.nowMS()
+	c.m.askLag.Observe(float64(max(now-q.sentAt, 0)) / 1000)
 	c.membersMu.Lock()
 	node, ok := c.members[name]
 	c.ownersMu.Lock()
@@ -722,19 +732,18 @@ func (c *Cluster) receiveAsk(b []byte) {
 	prev, forwarding := c.members[forward]
 	c.membersMu.Unlock()
 	if !ok || name == c.cfg.NodeName {
-		return
+		return to, nil, false
 	}
 	if forwarding && forward != c.cfg.NodeName && forward != name {
 		c.send(&prev, kindAsk, b)
-		return
+		return to, nil, false
 	}
 	env := c.shareEnv(now)
 	ans, ok := c.rep.grant(q, env)
 	if !ok {
-		return
+		return to, nil, false
 	}
 	c.noteGrant("other", ans.grant)
-	c.send(&node, kindAnswer, encodeAnswer(ans))
 	if owner := env.ownerOf(q.v.bucket, q.v.id); env.relay && ans.grant > 0 && owner != c.cfg.NodeName {
 		// Answered for the key's new owner (handing): it learns of the grant at once.
 		c.membersMu.Lock()
@@ -746,6 +755,7 @@ func (c *Cluster) receiveAsk(b []byte) {
 			}
 		}
 	}
+	return node, encodeAnswer(ans), true
 }
 
 // receiveAnswer applies an owner's answer to this node's request.
@@ -755,7 +765,11 @@ func (c *Cluster) receiveAnswer(b []byte) {
 		c.m.malformed.Inc()
 		return
 	}
-	a, applied, late := c.rep.answer(ans, c.nowMS(), max(c.cfg.SyncInterval.Milliseconds(), 1))
+	now := c.nowMS()
+	a, applied, late := c.rep.answer(ans, now, max(c.cfg.SyncInterval.Milliseconds(), 1))
+	if a != nil {
+		c.m.askRTT.Observe(float64(max(now-a.sentAt, 0)) / 1000)
+	}
 	switch {
 	case a == nil:
 	case late:
@@ -859,7 +873,7 @@ type delegate Cluster
 func (d *delegate) NodeMeta(int) []byte {
 	features := featureViewQuery
 	if d.c().grantsOn() {
-		features |= featureGrants
+		features |= featureGrants | featureBundle
 	}
 	if !d.c().cfg.Broadcast {
 		features |= featureRelay
@@ -890,6 +904,9 @@ func (d *delegate) NotifyMsg(b []byte) {
 			return
 		case answerKind:
 			c.receiveAnswer(b)
+			return
+		case bundleKind:
+			c.receiveBundle(b)
 			return
 		}
 	}

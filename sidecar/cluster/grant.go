@@ -292,6 +292,7 @@ func (as *asks) raisedAfter(k limiter.Key, endMS int64, answered uint64, now int
 // ask is one outstanding request.
 type ask struct {
 	id        uint64
+	sentAt    int64 // the asker's clock
 	sizeMS    int64
 	endMS     int64
 	deadline  int64 // the asker's clock: an answer after it is not applied
@@ -327,7 +328,7 @@ func (as *asks) start(k limiter.Key, sizeMS, endMS, now, waitMS int64) (a *ask, 
 	// adds to it as the owner will see it.
 	delete(as.late, k)
 	as.lastID++
-	a = &ask{id: as.lastID, sizeMS: sizeMS, endMS: endMS, deadline: now + waitMS, done: make(chan struct{})}
+	a = &ask{id: as.lastID, sentAt: now, sizeMS: sizeMS, endMS: endMS, deadline: now + waitMS, done: make(chan struct{})}
 	as.pending[k] = a
 	as.sendAfter(k, a.deadline)
 	return a, true, true

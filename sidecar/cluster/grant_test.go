@@ -21,7 +21,10 @@ func TestGrantsBetweenTwoNodes(t *testing.T) {
 	}
 }
 
-func grantsBetweenTwoNodes(t *testing.T, broadcast bool) {
+// grantPair starts two nodes, a and b, with share mode and the grants, and waits until
+// both run the grants and have settled, and neither answers for the other any more
+// (handing: b owned every key alone).
+func grantPair(t *testing.T, broadcast bool) (a, b *Cluster) {
 	start := func(name string, join []string) *Cluster {
 		c, err := Start(Config{NodeName: name, BindAddr: "127.0.0.1:0", Strategy: "static", Join: join, Broadcast: broadcast,
 			SyncInterval: 100 * time.Millisecond, ShareMode: true, GrantWait: 200 * time.Millisecond, Logger: quiet},
@@ -32,14 +35,14 @@ func grantsBetweenTwoNodes(t *testing.T, broadcast bool) {
 		t.Cleanup(c.Stop)
 		return c
 	}
-	a := start("a", nil)
-	b := start("b", []string{a.ml.LocalNode().Address()})
+	a = start("a", nil)
+	b = start("b", []string{a.ml.LocalNode().Address()})
 	deadline := time.Now().Add(10 * time.Second)
 	on := func(c *Cluster) bool {
 		c.ownersMu.Lock()
 		defer c.ownersMu.Unlock()
 		return len(c.owners.names) == 2 && c.owners.grants && c.owners.relay == !broadcast &&
-			c.nowMS() >= c.owners.changedAt+c.owners.settleMove && c.nowMS() >= c.owners.startedAt+c.owners.settleStart
+			c.nowMS() >= c.owners.changedAt+c.owners.settleStart && c.nowMS() >= c.owners.startedAt+c.owners.settleStart
 	}
 	for !on(a) || !on(b) {
 		if time.Now().After(deadline) {
@@ -47,6 +50,12 @@ func grantsBetweenTwoNodes(t *testing.T, broadcast bool) {
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
+	return a, b
+}
+
+func grantsBetweenTwoNodes(t *testing.T, broadcast bool) {
+	a, b := grantPair(t, broadcast)
+	deadline := time.Now().Add(10 * time.Second)
 	lim := limiter.Limit{Count: 10, Window: time.Hour}
 	if left := lim.Window.Milliseconds() - a.lim.NowMS()%lim.Window.Milliseconds(); left < 20_000 {
 		time.Sleep(time.Duration(left+100) * time.Millisecond)

@@ -21,6 +21,9 @@ type metrics struct {
 	// The owner's grants (grant.go): requests by role and result, and the hits given.
 	grants      *prometheus.CounterVec // role, result
 	grantedHits *prometheus.CounterVec // to
+	// How long requests for room take: from the asker's send to its answer (askRTT),
+	// and to the owner's reading of it (askLag), on the senders' clocks.
+	askRTT, askLag prometheus.Histogram
 	// What this node's own protocol hands to memberlist (send): messages and payload
 	// bytes by kind; the rest of the sent traffic is memberlist's probes and gossip.
 	kindMsgs, kindBytes *prometheus.CounterVec // kind
@@ -64,9 +67,17 @@ func newMetrics(reg prometheus.Registerer, newestAge func() float64) *metrics {
 			Name: "converger_cluster_share_granted_hits_total",
 			Help: "Hits this node, as the owner of keys, granted from the part of their limits nobody held, to another node (to=other) or to itself (to=self)."},
 			[]string{"to"}),
+		askRTT: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "converger_cluster_share_ask_seconds",
+			Help:    "Time from this node's request for room to the owner's answer, answered in time or late (see converger_cluster_share_grants_total).",
+			Buckets: askBuckets}),
+		askLag: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "converger_cluster_share_ask_lag_seconds",
+			Help:    "Age of another node's request for room when this node, as the key's owner, reads it (the asker's clock to ours): the way in of converger_cluster_share_ask_seconds.",
+			Buckets: askBuckets}),
 		kindMsgs: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "converger_cluster_sent_by_kind_messages_total",
-			Help: "Messages of this node's own protocol handed to the transport, by kind: values (counter values), view (the live view's minute counts), ask and answer (the owner's grants), summary (a key owner's counts and bounds for a member), relay (counts relayed to a key's new owner) and busy (a node's busiest keys, with its live view's minute counts). What converger_cluster_sync_messages_total{direction=\"sent\"} has beyond their sum is memberlist's (probes, gossip, push/pull) and the state transfers."},
+			Help: "Messages of this node's own protocol handed to the transport, by kind: values (counter values), view (the live view's minute counts), ask and answer (the owner's grants, one to a packet), bundle (asks or answers together in one packet), summary (a key owner's counts and bounds for a member), relay (counts relayed to a key's new owner) and busy (a node's busiest keys, with its live view's minute counts). What converger_cluster_sync_messages_total{direction=\"sent\"} has beyond their sum is memberlist's (probes, gossip, push/pull) and the state transfers."},
 			[]string{"kind"}),
 		kindBytes: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "converger_cluster_sent_by_kind_bytes_total",
@@ -91,12 +102,16 @@ func newMetrics(reg prometheus.Registerer, newestAge func() float64) *metrics {
 		m.kindBytes.WithLabelValues(k)
 	}
 	reg.MustRegister(m.members, m.messages, m.bytes, m.sendErrors, m.malformed, m.keysPerFlush, m.mergeLag,
-		m.stale, m.transfers, m.transferBytes, m.transferCut, m.capped, m.grants, m.grantedHits, m.kindMsgs, m.kindBytes,
+		m.stale, m.transfers, m.transferBytes, m.transferCut, m.capped, m.grants, m.grantedHits, m.askRTT, m.askLag, m.kindMsgs, m.kindBytes,
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "converger_cluster_newest_remote_value_age_seconds",
 			Help: "Age of the newest value received from another node (merge lag); -1 before the first."}, newestAge))
 	return m
 }
+
+// askBuckets are the bounds of the requests' histograms: around the grants' wait (25 ms by
+// default) and a sync interval.
+var askBuckets = []float64{.001, .0025, .005, .01, .015, .02, .025, .05, .1, .25, 1}
 
 // The kinds of message this node's own protocol sends.
 const (
@@ -107,6 +122,7 @@ const (
 	kindSummary = "summary"
 	kindRelay   = "relay"
 	kindBusy    = "busy"
+	kindBundle  = "bundle"
 )
 
-var sendKinds = []string{kindValues, kindView, kindAsk, kindAnswer, kindSummary, kindRelay, kindBusy}
+var sendKinds = []string{kindValues, kindView, kindAsk, kindAnswer, kindSummary, kindRelay, kindBusy, kindBundle}

@@ -1,0 +1,146 @@
+package cluster
+
+import (
+	"bytes"
+	"encoding/binary"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/converger/edge/sidecar/limiter"
+)
+
+func TestBundleMessages(t *testing.T) {
+	q := grantRequest{sentAt: t0, origin: "n2#0001", id: 7, want: 3, waitMS: 10,
+		v: value{bucket: "token_create", id: "198.51.100.7", sizeMS: minute, endMS: t0 + minute, count: 4, share: true, limit: 10}}
+	ask := encodeAsk(q)
+	answer := encodeAnswer(grantAnswer{origin: "n1#0002", id: 7, bucket: "token_create", key: "198.51.100.7", endMS: t0 + minute, grant: 2})
+	b := encodeBundle([][]byte{ask, answer, ask})
+	got, err := decodeBundle(b)
+	if err != nil || len(got) != 3 || !bytes.Equal(got[0], ask) || !bytes.Equal(got[1], answer) || !bytes.Equal(got[2], ask) {
+		t.Fatalf("bundle: %q, %v", got, err)
+	}
+	for i := range b {
+		if _, err := decodeBundle(b[:i]); err == nil {
+			t.Errorf("a bundle cut at %d of %d bytes decoded", i, len(b))
+		}
+	}
+	raw := func(n uint64, msgs ...[]byte) []byte {
+		out := binary.AppendUvarint([]byte{bundleKind}, n)
+		for _, m := range msgs {
+			out = binary.AppendUvarint(out, uint64(len(m)))
+			out = append(out, m...)
+		}
+		return out
+	}
+	values := encode(message{origin: "n2#0001", sentAt: t0, values: []value{{bucket: "token_create", id: "x", sizeMS: minute, endMS: t0 + minute, count: 1}}})
+	many := make([][]byte, maxBundled+1)
+	for i := range many {
+		many[i] = ask
+	}
+	for name, bad := range map[string][]byte{
+		"one message":         raw(1, ask),
+		"none":                raw(0),
+		"too many":            raw(maxBundled+1, many...),
+		"a sync message":      raw(2, ask, values),
+		"a bundle in one":     raw(2, ask, encodeBundle([][]byte{ask, ask})),
+		"an empty message":    raw(2, ask, nil),
+		"trailing bytes":      append(raw(2, ask, answer), 0),
+		"a length beyond it":  append(raw(1, ask)[:1], append(binary.AppendUvarint([]byte{2}, 1<<40), ask...)...),
+		"another kind's byte": append([]byte{askKind}, raw(2, ask, ask)[1:]...),
+	} {
+		if _, err := decodeBundle(bad); err == nil {
+			t.Errorf("%s: decoded", name)
+		}
+	}
+	if _, err := decode(b); err == nil {
+		t.Error("a bundle decoded as a sync message")
+	}
+}
+
+func TestPackBundlesKeepsPacketsSmall(t *testing.T) {
+	var msgs [][]byte
+	for i := range 300 {
+		msgs = append(msgs, encodeAsk(grantRequest{sentAt: t0, origin: "n2#0001", id: uint64(i + 1), want: 1, waitMS: 25,
+			v: value{bucket: "token_create", id: fmt.Sprintf("198.51.%d.%d", i/250, i%250), sizeMS: minute, endMS: t0 + minute, limit: 10}}))
+	}
+	big := bytes.Repeat([]byte{'x'}, maxPacket)
+	big[0] = askKind
+	msgs = append(msgs, big, msgs[0])
+	var back [][]byte
+	for _, p := range packBundles(msgs) {
+		if p[0] != bundleKind {
+			back = append(back, p)
+			continue
+		}
+		if len(p) > maxPacket {
+			t.Errorf("a bundle of %d bytes, over %d", len(p), maxPacket)
+		}
+		got, err := decodeBundle(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		back = append(back, got...)
+	}
+	if len(back) != len(msgs) {
+		t.Fatalf("%d messages back of %d", len(back), len(msgs))
+	}
+	for i := range msgs {
+		if !bytes.Equal(back[i], msgs[i]) {
+			t.Fatalf("message %d changed or moved", i)
+		}
+	}
+	if got := packBundles(msgs[:1]); len(got) != 1 || !bytes.Equal(got[0], msgs[0]) {
+		t.Errorf("a message alone: %q", got)
+	}
+}
+
+// TestRequestsForRoomGoInBundles: a node that needs its owner for many keys at once (a
+// window's start: fresh keys of a small limit are bound at 0 on the members that do not
+// own them) sends its requests in fewer packets than requests, and the owner answers
+// them in bundles too; every check is allowed, none waits out the grants' wait.
+func TestRequestsForRoomGoInBundles(t *testing.T) {
+	a, b := grantPair(t, false)
+	lim := limiter.Limit{Count: 10, Window: time.Hour}
+	if left := lim.Window.Milliseconds() - a.lim.NowMS()%lim.Window.Milliseconds(); left < 20_000 {
+		time.Sleep(time.Duration(left+100) * time.Millisecond)
+	}
+	var ids []string
+	for i := 0; len(ids) < 40; i++ {
+		if id := fmt.Sprintf("198.51.100.%d", i); ownerOf("token_create", id, []string{"a", "b"}) == "a" {
+			ids = append(ids, id)
+		}
+	}
+	var wg sync.WaitGroup
+	begin := make(chan struct{})
+	refused := make(chan string, len(ids))
+	for _, id := range ids {
+		wg.Go(func() {
+			<-begin
+			if r := b.lim.Check(limiter.Key{Bucket: b.lim.Bucket("token_create"), ID: id}, 1, lim); !r.Allowed {
+				refused <- id
+			}
+		})
+	}
+	close(begin)
+	wg.Wait()
+	close(refused)
+	for id := range refused {
+		t.Errorf("the first check of %s refused: %+v", id, b.Debug("token_create", id))
+	}
+	asked := counter(t, b.m.grants.WithLabelValues("asked", "sent"))
+	timedOut := counter(t, b.m.grants.WithLabelValues("asked", "timed_out"))
+	asks, bundles := counter(t, b.m.kindMsgs.WithLabelValues(kindAsk)), counter(t, b.m.kindMsgs.WithLabelValues(kindBundle))
+	answers, answerBundles := counter(t, a.m.kindMsgs.WithLabelValues(kindAnswer)), counter(t, a.m.kindMsgs.WithLabelValues(kindBundle))
+	t.Logf("b asked %g times in %g bundles and %g packets alone; a answered in %g bundles and %g alone", asked, bundles, asks, answerBundles, answers)
+	if asked < float64(len(ids)) || timedOut != 0 {
+		t.Errorf("b asked %g times for %d keys, %g timed out", asked, len(ids), timedOut)
+	}
+	if bundles == 0 || asks+bundles >= asked {
+		t.Errorf("%g requests went in %g bundles and %g alone", asked, bundles, asks)
+	}
+	if answerBundles == 0 || answers+answerBundles >= asked {
+		t.Errorf("%g requests answered in %g bundles and %g alone", asked, answerBundles, answers)
+	}
+}
