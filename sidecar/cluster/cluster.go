@@ -643,6 +643,11 @@ func (c *Cluster) askRoom(k limiter.Key, n uint32, sizeMS, endMS int64) bool {
 	if owner == c.cfg.NodeName || (env.handing != nil && env.handing(k)) {
 		g := c.rep.grantSelf(k, n, endMS, env)
 		c.noteGrant("self", g)
+		if g > 0 && owner != c.cfg.NodeName {
+			// Granted for the key's new owner (handing): it learns of the bound at once,
+			// as of a grant to another member, rather than with this node's next flush.
+			c.handOwnBound(k, owner, sizeMS, endMS, now)
+		}
 		return g > 0
 	}
 	c.membersMu.Lock()
@@ -687,6 +692,22 @@ func (c *Cluster) askRoom(k limiter.Key, n uint32, sizeMS, endMS int64) bool {
 		c.rep.asks.end(k, a, 0)
 	}
 	return granted
+}
+
+// handOwnBound sends k's value in the window of sizeMS ending at endMS, with its bound, to
+// the member named owner, the key's new owner, which this node answers for (handing), as
+// its flush would send it.
+func (c *Cluster) handOwnBound(k limiter.Key, owner string, sizeMS, endMS, now int64) {
+	c.membersMu.Lock()
+	node, ok := c.members[owner]
+	c.membersMu.Unlock()
+	v, held := c.rep.ownValue(k, sizeMS, endMS)
+	if !ok || !held {
+		return
+	}
+	for _, msg := range pack3(now, c.origin, []value{v}) {
+		c.send(&node, kindValues, msg)
+	}
 }
 
 // fallBackGrace is how much longer than the request's deadline the checks that did not

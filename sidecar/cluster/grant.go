@@ -124,9 +124,12 @@ func (o *owners) forwardTo(bucket, id string, now int64) string {
 // it would own it without the owner (a member that joined or came back), and the change
 // is less than settleStart old (the owner forwards only while it has not settled). A
 // member that comes to own a key another left is not handed it: nobody answers for it
-// until it settles.
+// until it settles. A node hands only what it owned when its view changed: one that had
+// not settled since its own start by then hands nothing (the members it saw before its
+// view was whole, as a join finds them one by one, gave it keys it never owned, and it
+// knows too little of the others' counts to answer for anyone).
 func (o *owners) handing(bucket, id string, now int64) bool {
-	if o.names == nil || o.prev == nil || !o.relay || now >= o.changedAt+o.settleStart {
+	if o.names == nil || o.prev == nil || !o.relay || now >= o.changedAt+o.settleStart || o.changedAt < o.startedAt+o.settleStart {
 		return false
 	}
 	owner := ownerOf(bucket, id, o.names)
@@ -493,6 +496,17 @@ func (r *replicator) grant(q grantRequest, env shareEnv) (grantAnswer, bool) {
 	ans.grant = r.slots.grantRoom(k, q.origin, q.want, q.v.endMS, q.sentAt+q.waitMS, env)
 	r.slots.noteAnswered(q.origin, q.id)
 	return ans, true
+}
+
+// ownValue is this node's value of k in the window of sizeMS ending at endMS, with its
+// bound; held is false when it has none there.
+func (r *replicator) ownValue(k limiter.Key, sizeMS, endMS int64) (v value, held bool) {
+	v = value{bucket: r.lim.BucketName(k.Bucket), id: k.ID, sizeMS: sizeMS, endMS: endMS, share: true}
+	v.cap, v.capped = r.lim.CapIn(k, sizeMS, endMS)
+	if s, ok := r.lim.Lookup(k); ok && s.SizeMS == sizeMS && s.EndMS == endMS {
+		v.count, v.refused, v.limit = s.Own, s.Refused, s.Limit
+	}
+	return v, v.capped
 }
 
 // handedGrant is what a member answering for a key's new owner (handing) tells the owner

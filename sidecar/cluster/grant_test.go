@@ -166,6 +166,36 @@ func TestOwnsAfterSettling(t *testing.T) {
 	}
 }
 
+// TestHandsNothingUntilSettledFromItsStart: a member that saw n1 come back hands n1's
+// keys it owned without n1 (it answers for them while n1 settles); a member that has
+// just started, and found n1 last while joining, owned none of them and hands nothing,
+// though its views before and after look the same.
+func TestHandsNothingUntilSettledFromItsStart(t *testing.T) {
+	all, without := []string{"n1", "n2", "n3"}, []string{"n2", "n3"}
+	var k string
+	for i := 0; k == ""; i++ {
+		if id := fmt.Sprintf("k%d", i); ownerOf("b", id, all) == "n1" && ownerOf("b", id, without) == "n2" {
+			k = id
+		}
+	}
+	settled := newOwners("n2", 0, 100, 10)
+	settled.relay = true
+	// n1 comes back at 10,000, long after n2 started.
+	settled.prev, settled.names, settled.changedAt = without, all, 10_000
+	if !settled.handing("b", k, 10_001) {
+		t.Errorf("a settled member does not hand %s, which it owned before n1 came back", k)
+	}
+	fresh := newOwners("n2", 10_000, 100, 10)
+	fresh.relay = true
+	// n2 has just started: it finds n3, then n1, before it has settled.
+	fresh.prev, fresh.names, fresh.changedAt = without, all, 10_000+fresh.settleStart-1
+	for _, now := range []int64{fresh.changedAt, fresh.changedAt + 1, 10_000 + fresh.settleStart + 1} {
+		if fresh.handing("b", k, now) {
+			t.Errorf("a member started at 10,000 that found n1 before it settled hands %s at %d", k, now)
+		}
+	}
+}
+
 // TestGrantMessages: asks and answers round-trip; every truncation, and a zero want,
 // is refused whole.
 func TestGrantMessages(t *testing.T) {
@@ -400,6 +430,43 @@ func TestUnansweredRequestTakesAPartOnlyFromASilentOwner(t *testing.T) {
 	}
 	if c, _ := lim.CapIn(k, size, end); c != 5 {
 		t.Fatalf("bound %d, want a member's part 5", c)
+	}
+}
+
+// TestOthersCountAloneLeavesACounterBound: b has just joined and a state transfer told
+// it a's count of a key (no summary of the owner's yet). Its first hit of the window is
+// still bound, and asks the owner for room, rather than counted up to the limit less a
+// count that may be old: a's count alone says nothing of what a may still count.
+func TestOthersCountAloneLeavesACounterBound(t *testing.T) {
+	m := newMemberB()
+	r, lim, k, end, now := m.r, m.lim, m.k, m.end, m.now
+	lim.OnUnknown(func(k limiter.Key, limit uint32, sizeMS, endMS int64) {
+		r.unknown(k, limit, sizeMS, endMS, m.env(lim.NowMS()))
+	})
+	asked := 0
+	lim.OnBoundRefused(func(limiter.Key, uint32, int64, int64) bool { asked++; return false })
+	v := value{bucket: "token_create", id: k.ID, sizeMS: m.size, endMS: end, count: 3}
+	if r.slots.merge("a#1", v, now, now) != merged {
+		t.Fatal("a's value not merged")
+	}
+	if s, _ := lim.Lookup(k); s.Remote != 3 {
+		t.Fatalf("remote %d, want a's 3", s.Remote)
+	}
+	if lim.Check(k, 1, m.limit).Allowed || asked != 1 {
+		t.Fatalf("first hit: allowed without the owner (asked %d times)", asked)
+	}
+	if c, ok := lim.CapIn(k, m.size, end); !ok || c != 0 {
+		t.Fatalf("bound %d (set %v), want 0", c, ok)
+	}
+	// With the owner's summary of the window in, the counter is what the summary says.
+	r.slots.setAgg(k, m.size, end, 3, 0, now)
+	k2 := limiter.Key{Bucket: k.Bucket, ID: k.ID + "x"}
+	for ownerOf("token_create", k2.ID, []string{"a", "b"}) != "a" {
+		k2.ID += "x"
+	}
+	r.slots.setAgg(k2, m.size, end, 3, 0, now)
+	if !lim.Check(k2, 1, m.limit).Allowed {
+		t.Fatal("a key the owner summed up, unbound, refused its first hit")
 	}
 }
 

@@ -844,7 +844,7 @@ func (s *slots) takeAggPart(k limiter.Key, sizeMS, endMS int64) bool {
 	return part > 0 && s.lim.RaiseCap(k, sizeMS, endMS, part)
 }
 
-// unknown is told of a counter this node knows nothing of in a window, before its first
+// unknown is told of a counter this node has no bound of in a window, before its first
 // hit there is counted (limiter.OnUnknown). In owner replication, the counter of a limit
 // the grants divide that another node owns is bound at a small part of a member's part
 // (a 32nd: 0 for the small limits of logins and tokens), so that a hit beyond it asks the
@@ -853,9 +853,12 @@ func (s *slots) takeAggPart(k limiter.Key, sizeMS, endMS int64) bool {
 // counts unbound until the owner's first summary, a round trip after this node's first
 // value (the first window of a key, as share mode cannot bound it either). A counter
 // whose owner is silent (awaitOwners) is bound at a member's part of the limit, whatever
-// the limit.
+// the limit. The others' count alone, as a state transfer brings it to a node that has
+// just joined, does not keep the counter unbound: only the owner knows what the others
+// hold, so the counter is bound until the owner's summary of the window (with the bound
+// the owner plans for it) is in.
 func (r *replicator) unknown(k limiter.Key, limit uint32, sizeMS, endMS int64, env shareEnv) {
-	if !env.relay || !r.share || env.owned(k, r.lim) {
+	if !env.relay || !r.share || env.owned(k, r.lim) || r.slots.known(k, sizeMS, endMS) {
 		return
 	}
 	switch {

@@ -72,7 +72,7 @@ type Limiter struct {
 	// hits the limit would allow (OnBoundRefused).
 	boundRefused atomic.Pointer[func(k Key, n uint32, sizeMS, endMS int64) bool]
 	// unknown, when set, is told of a counter before its first hit of a window that
-	// nothing is known of (OnUnknown).
+	// this node has no bound of (OnUnknown).
 	unknown atomic.Pointer[func(k Key, limit uint32, sizeMS, endMS int64)]
 }
 
@@ -213,7 +213,7 @@ func (l *Limiter) Check(k Key, n uint32, lim Limit) Result {
 	now, w, end := l.window(lim)
 	ext, own, ok, unknown := l.add(k, n, w, end, windowMS(lim), true, l.unknown.Load() != nil)
 	if unknown {
-		// Nothing is known of the counter in this window: it may be bound first.
+		// The counter has no bound in this window: it may be bound first.
 		l.probe(k, ext, lim.Count, w, windowMS(lim), end)
 		ext, own, ok, _ = l.add(k, n, w, end, windowMS(lim), true, false)
 	}
@@ -393,10 +393,10 @@ func (l *Limiter) add(k Key, n uint32, w uint32, end int64, size int64, capped, 
 }
 
 // OnUnknown sets f to be called, on the checking goroutine, before the first hit of a
-// window is counted (Check, Take) on a replicated counter this node knows nothing of in
-// that window: no share-mode bound, no count of the other nodes', none of its own. f may
-// bound the counter there (SetCap; at 0, the hit then asks for room: OnBoundRefused). It
-// is called at most once per counter and window.
+// window is counted (Check, Take) on a replicated counter that has no share-mode bound
+// and none of this node's own count in that window, whether or not the other nodes'
+// count is known. f may bound the counter there (SetCap; at 0, the hit then asks for
+// room: OnBoundRefused). It is called at most once per counter and window.
 func (l *Limiter) OnUnknown(f func(k Key, limit uint32, sizeMS, endMS int64)) {
 	l.unknown.Store(&f)
 }

@@ -29,23 +29,16 @@ type replica struct {
 	probed atomic.Uint64
 }
 
-// unknownIn reports that nothing is known of e in window w of size: not probed there,
-// no bound, no count of the others', none of its own.
+// unknownIn reports that this node has not yet counted in e's window w of size, nor
+// been told how much of it is its own: not probed there, no bound, none of its own
+// count. The others' count may be known (a state transfer on join brings it, before any
+// bound): knowing what the others counted is not knowing what they may still count.
 func (r *replica) unknownIn(e *entry, w uint32, size int64) bool {
 	if r.probed.Load() == uint64(w)<<32|1 || r.capFor(w) != math.MaxUint32 {
 		return false
 	}
-	if r.remoteIn(w) {
-		return false
-	}
 	count, _ := e.current(w, size)
 	return count == 0
-}
-
-// remoteIn reports whether the other nodes' count of window w is known.
-func (r *replica) remoteIn(w uint32) bool {
-	v := r.remote.Load()
-	return v != 0 && uint32(v>>32) == w
 }
 
 type changedEntry struct {
