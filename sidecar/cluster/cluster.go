@@ -107,10 +107,15 @@ type Cluster struct {
 
 	newestSentAt atomic.Int64
 	joined       atomic.Bool
-	stop         chan struct{}
-	wg           sync.WaitGroup
-	stopOnce     sync.Once
-	firstJoin    chan struct{} // closed after the first join attempt
+	// created is set once c.ml is: a member may join while memberlist.Create runs.
+	created atomic.Bool
+	// leaving is set once Stop has begun handing this node's keys over: it answers no
+	// more requests for room.
+	leaving   atomic.Bool
+	stop      chan struct{}
+	wg        sync.WaitGroup
+	stopOnce  sync.Once
+	firstJoin chan struct{} // closed after the first join attempt
 
 	membersMu sync.Mutex
 	members   map[string]memberlist.Node // live members, copied in the events
@@ -230,6 +235,7 @@ func Start(cfg Config, lim *limiter.Limiter) (*Cluster, error) {
 		_ = tr.Shutdown()
 		return nil, fmt.Errorf("cluster: %w", err)
 	}
+	c.created.Store(true)
 	c.log.Info("cluster node started", "bind", cfg.BindAddr, "origin", c.origin,
 		"strategy", cfg.Strategy, "encrypted", len(cfg.SecretKey) > 0, "sync_interval", cfg.SyncInterval, "share_mode", cfg.ShareMode)
 
@@ -578,7 +584,13 @@ func (c *Cluster) shareEnv(now int64) shareEnv {
 	if o.names != nil {
 		env.grants, env.grantMax, env.relay, env.names = o.grants, o.maxLimit, o.relay, o.names
 		env.owns = func(k limiter.Key) bool { return o.owns(c.lim.BucketName(k.Bucket), k.ID, now) }
-		env.handing = func(k limiter.Key) bool { return o.handing(c.lim.BucketName(k.Bucket), k.ID, now) }
+		// Read when a request for room is answered: a handover made since this env was
+		// taken ends the answering at once (handover.go).
+		env.handing = func(k limiter.Key) bool {
+			c.ownersMu.Lock()
+			defer c.ownersMu.Unlock()
+			return c.owners.handing(c.lim.BucketName(k.Bucket), k.ID, now)
+		}
 	}
 	return env
 }
@@ -616,8 +628,33 @@ func (c *Cluster) updateOwners() {
 		c.log.Info("owners of keys", "grants", grants, "owner_replication", relay, "members", len(c.members))
 	}
 	if !slices.Equal(names, c.owners.names) || (names == nil) != (c.owners.names == nil) || grants != c.owners.grants || relay != c.owners.relay {
-		c.owners.prev, c.owners.names, c.owners.changedAt = c.owners.names, names, c.nowMS()
+		now := c.nowMS()
+		if relay {
+			c.noteJoiners(c.owners.names, names, now)
+		}
+		c.owners.prev, c.owners.names, c.owners.changedAt = c.owners.names, names, now
 		c.owners.grants, c.owners.relay = grants, relay
+	}
+}
+
+// noteJoiners notes the members in names that were not in before, to hand them at once
+// the keys this node answered for (handover.go): with what it knows of them if it had
+// settled by now, else with nothing (it answered for none). The caller holds ownersMu.
+func (c *Cluster) noteJoiners(before, names []string, now int64) {
+	o := &c.owners
+	if o.joiners == nil {
+		o.joiners = map[string]joiner{}
+	}
+	hands := now >= o.startedAt+o.settleStart
+	added := false
+	for _, n := range names {
+		if n != c.cfg.NodeName && !slices.Contains(before, n) && len(o.joiners) < maxGone {
+			o.joiners[n] = joiner{at: now, hands: hands}
+			added = true
+		}
+	}
+	if added {
+		time.AfterFunc(0, c.sendHandovers)
 	}
 }
 
@@ -752,7 +789,7 @@ func (c *Cluster) answerAsk(b []byte) (to memberlist.Node, answer []byte, ok boo
 	forward := o.forwardTo(q.v.bucket, q.v.id, now)
 	prev, forwarding := c.members[forward]
 	c.membersMu.Unlock()
-	if !ok || name == c.cfg.NodeName {
+	if !ok || name == c.cfg.NodeName || c.leaving.Load() {
 		return to, nil, false
 	}
 	if forwarding && forward != c.cfg.NodeName && forward != name {
@@ -897,7 +934,7 @@ func (d *delegate) NodeMeta(int) []byte {
 		features |= featureGrants | featureBundle
 	}
 	if !d.c().cfg.Broadcast {
-		features |= featureRelay
+		features |= featureRelay | featureHandover
 	}
 	return binary.AppendUvarint([]byte{version, features}, uint64(d.c().cfg.GrantMaxLimit))
 }
@@ -973,6 +1010,9 @@ func (c *Cluster) receiveMsg(b []byte) {
 			return
 		case relayKind:
 			c.receiveRelay(b)
+			return
+		case handoverKind:
+			c.receiveHandover(b)
 			return
 		case busyKind:
 			c.receiveBusy(b)
@@ -1141,6 +1181,9 @@ func (e *events) NotifyJoin(n *memberlist.Node) {
 	_, back := c.gone[n.Name]
 	delete(c.gone, n.Name)
 	c.updateOwners()
+	c.ownersMu.Lock()
+	c.owners.forgetLeave(n.Name)
+	c.ownersMu.Unlock()
 	c.membersMu.Unlock()
 	if back {
 		// Not from this callback: memberlist holds its lock while it calls it.

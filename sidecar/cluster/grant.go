@@ -90,7 +90,28 @@ type owners struct {
 	// maxLimit is the largest limit the grants divide: the smallest the members
 	// announce.
 	maxLimit uint32
+	// handedOver holds, by name, when members last handed their keys over to this node
+	// (handover.go); never changed in place. joiners holds, by name, the members that
+	// joined since this node last handed them over the keys it answered for (handover.go).
+	// leftAfterHandover holds the members that handed their keys over to leave, and
+	// when; never changed in place.
+	handedOver, leftAfterHandover map[string]int64
+	// handedTo holds, by name, when this node last handed a member its keys; never
+	// changed in place.
+	handedTo map[string]int64
+	joiners  map[string]joiner
 }
+
+// joiner is a member that joined: when this node hands its keys over to it, and whether
+// there may be any (this node had settled when the member joined).
+type joiner struct {
+	at    int64
+	hands bool
+}
+
+// handoverWait bounds how long after it settled a newcomer waits for the handover of
+// its keys from a member that does not send one (an earlier release).
+func (o *owners) handoverWait() int64 { return 2 * o.settleStart }
 
 // newOwners returns the owners of a node starting at now, syncing every intervalMS and
 // waiting waitMS for grants.
@@ -101,22 +122,48 @@ func newOwners(self string, now, intervalMS, waitMS int64) owners {
 }
 
 // owns reports whether this node owns k (of the bucket named) at now, and may grant.
+// A newcomer owns a key once the member that owned it before it came has handed it over
+// (handover.go), which that member does as soon as it sees it join; from one that does
+// not (an earlier release), once it has settled and handoverWait has passed.
 func (o *owners) owns(bucket, id string, now int64) bool {
-	if o.names == nil || ownerOf(bucket, id, o.names) != o.self || now < o.startedAt+o.settleStart {
+	if o.names == nil || ownerOf(bucket, id, o.names) != o.self {
 		return false
 	}
-	return now >= o.changedAt+o.settleMove || (o.prev != nil && ownerOf(bucket, id, o.prev) == o.self)
+	if o.relay && now < o.startedAt+o.settleStart+o.handoverWait() {
+		// The member that owned the key before this node came answers for it (handing)
+		// until it hands it over; a key that came to this node as its owner left is not
+		// one of those.
+		if before := o.ownerWithout(bucket, id); before != "" {
+			if p := ownerOf(bucket, id, o.prev); o.prev == nil || p == o.self || p == before {
+				return o.handedSince(before, o.startedAt)
+			}
+		}
+	}
+	if now < o.startedAt+o.settleStart {
+		return false
+	}
+	return now >= o.changedAt+o.settleMove || (o.prev != nil && ownerOf(bucket, id, o.prev) == o.self) || o.handedOverBy(bucket, id)
+}
+
+// ownerWithout is the owner of a key among the members but this node ("": none).
+func (o *owners) ownerWithout(bucket, id string) string {
+	return ownerOf(bucket, id, slices.DeleteFunc(slices.Clone(o.names), func(n string) bool { return n == o.self }))
 }
 
 // forwardTo is, in owner replication, the member to forward a request for room of a key
 // to while this node owns the key but has not settled (owns): the one that owns it
 // without this node (it did before this node joined or came back), which answers for it
-// (handing). "" when there is none.
+// (handing). "" when there is none: a key that came to this node because its owner left
+// has nobody to answer for it.
 func (o *owners) forwardTo(bucket, id string, now int64) string {
 	if o.names == nil || !o.relay || ownerOf(bucket, id, o.names) != o.self || o.owns(bucket, id, now) {
 		return ""
 	}
-	return ownerOf(bucket, id, slices.DeleteFunc(slices.Clone(o.names), func(n string) bool { return n == o.self }))
+	before := o.ownerWithout(bucket, id)
+	if o.prev != nil && ownerOf(bucket, id, o.prev) != o.self && ownerOf(bucket, id, o.prev) != before {
+		return ""
+	}
+	return before
 }
 
 // handing reports whether this node answers requests for room of a key its owner
@@ -134,6 +181,10 @@ func (o *owners) handing(bucket, id string, now int64) bool {
 	}
 	owner := ownerOf(bucket, id, o.names)
 	if owner == o.self || ownerOf(bucket, id, o.prev) != o.self {
+		return false
+	}
+	if t, ok := o.handedTo[owner]; ok && t >= o.changedAt {
+		// Handed over: the owner grants.
 		return false
 	}
 	return ownerOf(bucket, id, slices.DeleteFunc(slices.Clone(o.names), func(n string) bool { return n == owner })) == o.self

@@ -23,7 +23,8 @@ func TestGrantsBetweenTwoNodes(t *testing.T) {
 
 // grantPair starts two nodes, a and b, with share mode and the grants, and waits until
 // both run the grants and have settled, and neither answers for the other any more
-// (handing: b owned every key alone).
+// (handing: b owned every key alone): in owner replication each has the other's
+// handover.
 func grantPair(t *testing.T, broadcast bool) (a, b *Cluster) {
 	start := func(name string, join []string) *Cluster {
 		c, err := Start(Config{NodeName: name, BindAddr: "127.0.0.1:0", Strategy: "static", Join: join, Broadcast: broadcast,
@@ -38,13 +39,14 @@ func grantPair(t *testing.T, broadcast bool) (a, b *Cluster) {
 	a = start("a", nil)
 	b = start("b", []string{a.ml.LocalNode().Address()})
 	deadline := time.Now().Add(10 * time.Second)
-	on := func(c *Cluster) bool {
+	on := func(c *Cluster, other string) bool {
 		c.ownersMu.Lock()
 		defer c.ownersMu.Unlock()
 		return len(c.owners.names) == 2 && c.owners.grants && c.owners.relay == !broadcast &&
-			c.nowMS() >= c.owners.changedAt+c.owners.settleStart && c.nowMS() >= c.owners.startedAt+c.owners.settleStart
+			c.nowMS() >= c.owners.changedAt+c.owners.settleStart && c.nowMS() >= c.owners.startedAt+c.owners.settleStart &&
+			(broadcast || c.owners.handedSince(other, c.owners.startedAt))
 	}
-	for !on(a) || !on(b) {
+	for !on(a, "b") || !on(b, "a") {
 		if time.Now().After(deadline) {
 			t.Fatalf("grants not on: a %v, b %v", a.owners, b.owners)
 		}

@@ -5,6 +5,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/hashicorp/memberlist"
+
 	"github.com/converger/edge/sidecar/limiter"
 )
 
@@ -22,10 +24,13 @@ const (
 // flush would otherwise reach nobody, and a member that missed an earlier sync message
 // (UDP, best effort) would never hear of them once this node is gone. Every count of the
 // current windows it holds as its own goes to every live member over TCP (handoff), at
-// most handoffTimeout in all; then memberlist's Leave tells them it left, so they stop
-// counting it as a member at once rather than after the suspicion timeout.
+// most handoffTimeout in all, and in owner replication what it knew of the keys it owns
+// goes to their next owners (handover.go), after which it answers no more requests for
+// room; then memberlist's Leave tells them it left, so they stop counting it as a member
+// at once rather than after the suspicion timeout.
 func (c *Cluster) Stop() {
 	c.stopOnce.Do(func() {
+		c.leaving.Store(true)
 		close(c.stop)
 		c.wg.Wait()
 		c.handoff(handoffTimeout)
@@ -89,6 +94,19 @@ func (c *Cluster) handoff(timeout time.Duration) {
 	}
 	for to, byOrigin := range relays {
 		msgs[to] = append(msgs[to], packRelay(now, byOrigin)...)
+	}
+	if rest != nil {
+		dest := func(bucket, id string) string {
+			if ownerOf(bucket, id, env.names) != c.cfg.NodeName {
+				return ""
+			}
+			return ownerOf(bucket, id, rest)
+		}
+		for to, byOrigin := range c.slots.handover(env, true, dest) {
+			if i := slices.IndexFunc(peers, func(n memberlist.Node) bool { return n.Name == to }); i >= 0 && takesHandover(peers[i].Meta) {
+				msgs[to] = append(msgs[to], packHandover(now, c.origin, true, byOrigin)...)
+			}
+		}
 	}
 	if len(msgs) == 0 {
 		return

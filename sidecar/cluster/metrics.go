@@ -123,6 +123,8 @@ const (
 	kindRelay   = "relay"
 	kindBusy    = "busy"
 	kindBundle  = "bundle"
+	// kindHandover is sent over TCP (handover.go).
+	kindHandover = "handover"
 )
 
-var sendKinds = []string{kindValues, kindView, kindAsk, kindAnswer, kindSummary, kindRelay, kindBusy, kindBundle}
+var sendKinds = []string{kindValues, kindView, kindAsk, kindAnswer, kindSummary, kindRelay, kindBusy, kindBundle, kindHandover}

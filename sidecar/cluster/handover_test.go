@@ -1,0 +1,201 @@
+package cluster
+
+import (
+	"fmt"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/converger/edge/sidecar/limiter"
+)
+
+func TestHandoverMessages(t *testing.T) {
+	byOrigin := map[string][]value{
+		"n2#0001": {{bucket: "token_create", id: "198.51.100.7", sizeMS: minute, endMS: t0 + minute, count: 4, share: true, capped: true, cap: 6, limit: 10}},
+		"n3#0002": {{bucket: "login_ip", id: "198.51.100.8", sizeMS: minute, endMS: t0 + minute, count: 1, share: true, capped: true, cap: 1, limit: 5}},
+	}
+	for _, leaving := range []bool{false, true} {
+		msgs := packHandover(t0, "n1#0003", leaving, byOrigin)
+		if len(msgs) != 1 {
+			t.Fatalf("%d messages, want 1", len(msgs))
+		}
+		h, err := decodeHandover(msgs[0])
+		if err != nil || h.from != "n1#0003" || h.leaving != leaving || len(h.msgs) != 2 {
+			t.Fatalf("handover: %+v, %v", h, err)
+		}
+		for _, m := range h.msgs {
+			want := byOrigin[m.origin]
+			if len(m.values) != 1 || m.values[0] != want[0] || m.sentAt != t0 {
+				t.Errorf("%s: %+v, want %+v", m.origin, m.values, want)
+			}
+		}
+		for i := range msgs[0] {
+			if _, err := decodeHandover(msgs[0][:i]); err == nil {
+				t.Errorf("a handover cut at %d of %d bytes decoded", i, len(msgs[0]))
+			}
+		}
+	}
+	empty := packHandover(t0, "n1#0003", false, nil)
+	if h, err := decodeHandover(empty[0]); err != nil || h.from != "n1#0003" || len(h.msgs) != 0 {
+		t.Fatalf("an empty handover: %+v, %v", h, err)
+	}
+	v1 := encode(message{origin: "n2#0001", sentAt: t0, values: []value{{bucket: "token_create", id: "x", sizeMS: minute, endMS: t0 + minute, count: 1}}})
+	for name, bad := range map[string][]byte{
+		"a flag beyond leaving": append([]byte{handoverKind, 0, 2}, appendString(nil, "n1#0003")...),
+		"no origin":             {handoverKind, 0, 0, 0},
+		"a version 1 message":   append(append([]byte{handoverKind, 0, 0}, appendString(nil, "n1#0003")...), appendState(nil, v1)...),
+		"another kind's byte":   append([]byte{relayKind}, empty[0][1:]...),
+	} {
+		if _, err := decodeHandover(bad); err == nil {
+			t.Errorf("%s: decoded", name)
+		}
+	}
+}
+
+// startGrantNode starts a node with share mode, the grants and owner replication,
+// joining join.
+func startGrantNode(t *testing.T, name string, join ...*Cluster) *Cluster {
+	t.Helper()
+	var addrs []string
+	for _, j := range join {
+		addrs = append(addrs, j.ml.LocalNode().Address())
+	}
+	c, err := Start(Config{NodeName: name, BindAddr: "127.0.0.1:0", Strategy: "static", Join: addrs,
+		SyncInterval: 100 * time.Millisecond, ShareMode: true, GrantWait: 200 * time.Millisecond, Logger: quiet},
+		limiter.New(limiter.Options{Replicated: true}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.Stop)
+	return c
+}
+
+// waitOwners waits until f holds of c's owners at c's time.
+func waitOwners(t *testing.T, c *Cluster, what string, f func(o *owners, now int64) bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		c.ownersMu.Lock()
+		ok := f(&c.owners, c.nowMS())
+		c.ownersMu.Unlock()
+		if ok {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: %s not so within 10 s", c.cfg.NodeName, what)
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+}
+
+// keyOwned returns a key of token_create whose owner among all is first, and among the
+// members without first is second.
+func keyOwned(all []string, first, second string) string {
+	without := slices.DeleteFunc(slices.Clone(all), func(n string) bool { return n == first })
+	for i := 0; ; i++ {
+		id := fmt.Sprintf("192.0.2.%d", i)
+		if ownerOf("token_create", id, all) == first && ownerOf("token_create", id, without) == second {
+			return id
+		}
+	}
+}
+
+// heldFor returns what k's owner c holds for the member named: the bound it granted (a
+// handover's floor, until the member's own value shows its bound) or the member's bound.
+func heldFor(c *Cluster, id, member string) uint32 {
+	var h uint32
+	for _, s := range c.Debug("token_create", id).Slots {
+		if nodeName(s.Origin) != member {
+			continue
+		}
+		if s.Granted != nil {
+			h = max(h, *s.Granted)
+		}
+		if s.Bound != nil {
+			h = max(h, *s.Bound)
+		}
+	}
+	return h
+}
+
+// TestHandoverOnLeave: the owner of a key stops; the member that owns it next grants
+// from the moment it sees the owner gone, rather than settleMove later, and holds what
+// the owner had granted a third member.
+func TestHandoverOnLeave(t *testing.T) {
+	a := startGrantNode(t, "a")
+	b := startGrantNode(t, "b", a)
+	c := startGrantNode(t, "c", a)
+	all := []string{"a", "b", "c"}
+	for _, n := range []*Cluster{a, b, c} {
+		waitOwners(t, n, "settled", func(o *owners, now int64) bool {
+			return len(o.names) == 3 && o.relay && now >= o.startedAt+o.settleStart && now >= o.changedAt+o.settleMove
+		})
+	}
+	id := keyOwned(all, "a", "b")
+	lim := limiter.Limit{Count: 10, Window: time.Hour}
+	if left := lim.Window.Milliseconds() - a.lim.NowMS()%lim.Window.Milliseconds(); left < 20_000 {
+		time.Sleep(time.Duration(left+100) * time.Millisecond)
+	}
+	k := limiter.Key{Bucket: c.lim.Bucket("token_create"), ID: id}
+	for i := range 3 {
+		if !c.lim.Check(k, 1, lim).Allowed {
+			t.Fatalf("c's check %d refused", i+1)
+		}
+	}
+	a.Stop()
+	waitOwners(t, b, "without a", func(o *owners, _ int64) bool { return !slices.Contains(o.names, "a") })
+	b.ownersMu.Lock()
+	owns := b.owners.owns("token_create", id, b.owners.changedAt+1)
+	b.ownersMu.Unlock()
+	if !owns {
+		t.Fatal("b does not own the key a handed over the moment a is gone")
+	}
+	if g := heldFor(b, id, "c"); g < 3 {
+		t.Errorf("b holds %d for c, want at least the 3 c counted", g)
+	}
+}
+
+// TestNewcomerOwnsOnceHandedOver: a member joins and comes to own a key another member
+// owned; that member hands it over at once (with what it granted a third), stops
+// answering for it, and the newcomer owns it before it would have settled without.
+func TestNewcomerOwnsOnceHandedOver(t *testing.T) {
+	a := startGrantNode(t, "a")
+	b := startGrantNode(t, "b", a)
+	for _, n := range []*Cluster{a, b} {
+		waitOwners(t, n, "settled", func(o *owners, now int64) bool {
+			return len(o.names) == 2 && o.relay && now >= o.startedAt+o.settleStart && now >= o.changedAt+o.settleStart
+		})
+	}
+	id := keyOwned([]string{"a", "b", "c"}, "c", "a")
+	lim := limiter.Limit{Count: 10, Window: time.Hour}
+	if left := lim.Window.Milliseconds() - a.lim.NowMS()%lim.Window.Milliseconds(); left < 20_000 {
+		time.Sleep(time.Duration(left+100) * time.Millisecond)
+	}
+	k := limiter.Key{Bucket: b.lim.Bucket("token_create"), ID: id}
+	for i := range 2 {
+		if !b.lim.Check(k, 1, lim).Allowed {
+			t.Fatalf("b's check %d refused", i+1)
+		}
+	}
+	c := startGrantNode(t, "c", a, b)
+	var ownedAt int64
+	waitOwners(t, c, "owner of the key", func(o *owners, now int64) bool {
+		ownedAt = now
+		return o.owns("token_create", id, now)
+	})
+	c.ownersMu.Lock()
+	started, settle := c.owners.startedAt, c.owners.settleStart+c.owners.handoverWait()
+	c.ownersMu.Unlock()
+	if ownedAt >= started+settle {
+		t.Errorf("c owns the key %d ms after it started, not before the %d ms it waits without a handover", ownedAt-started, settle)
+	}
+	a.ownersMu.Lock()
+	handing := a.owners.handing("token_create", id, a.nowMS())
+	a.ownersMu.Unlock()
+	if handing {
+		t.Error("a still answers for the key it handed over")
+	}
+	if g := heldFor(c, id, "b"); g < 2 {
+		t.Errorf("c holds %d for b, want at least the 2 b counted", g)
+	}
+}
