@@ -51,7 +51,7 @@ func (e *ExactConfig) register(fs *flag.FlagSet) {
 	fs.Var((*intList)(&e.Nodes), "exact-n", "-exact: cluster sizes, comma-separated (default 3,20)")
 	fs.IntVar(&e.Keys, "exact-keys", 20, "-exact: keys (trials) per scenario")
 	fs.IntVar(&e.Rounds, "exact-rounds", 1, "-exact: fresh clusters per binary and size, the binaries alternating")
-	fs.StringVar(&e.GrantWait, "exact-grant-wait", "25", "-exact: the sidecars' RATE_LIMIT_GRANT_WAIT_MS, the owner's grants (empty: the binary's default)")
+	fs.StringVar(&e.GrantWait, "exact-grant-wait", "", "-exact: the sidecars' RATE_LIMIT_GRANT_WAIT_MS, the owner's grants (empty: the binary's default)")
 	fs.StringVar(&e.Out, "exact-out", "", "-exact: markdown file whose section between the exactness markers is replaced (e.g. bench/results/cluster-sync.md); empty: none")
 }
 

@@ -30,8 +30,11 @@ const (
 	// answers grants.
 	featureGrants byte = 1
 	// DefaultGrantWait is how long a check refused by its bound waits for the owner's
-	// answer by default.
-	DefaultGrantWait = 25 * time.Millisecond
+	// answer by default: a ceiling, paid only when the owner is slow (its answer comes
+	// in a round trip otherwise), and a check that does not get it is refused below the
+	// limit, so it is long enough for a loaded owner's answer and well inside Envoy's
+	// deadline.
+	DefaultGrantWait = 100 * time.Millisecond
 	// DefaultGrantMaxLimit is the largest limit, in hits per window, whose counters the
 	// grants divide by default: where a member's part of what is left rounds to little
 	// (logins, tokens and resets count a few a minute). Larger limits are divided by

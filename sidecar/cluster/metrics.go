@@ -109,7 +109,7 @@ func newMetrics(reg prometheus.Registerer, newestAge func() float64) *metrics {
 	return m
 }
 
-// askBuckets are the bounds of the requests' histograms: around the grants' wait (25 ms by
+// askBuckets are the bounds of the requests' histograms: around the grants' wait (100 ms by
 // default) and a sync interval.
 var askBuckets = []float64{.001, .0025, .005, .01, .015, .02, .025, .05, .1, .25, 1}
 

@@ -42,7 +42,7 @@ type Config struct {
 	// of a cluster that count it.
 	ShareMode bool
 	// GrantWait (RATE_LIMIT_GRANT_WAIT_MS) is how long a check refused by its share-mode
-	// bound below the limit waits for the key's owner to grant room (25 ms by default);
+	// bound below the limit waits for the key's owner to grant room (100 ms by default);
 	// 0 never asks, and the node does not take part in the owner's grants.
 	GrantWait time.Duration
 	// GrantMaxLimit (RATE_LIMIT_GRANT_MAX_LIMIT) is the largest limit, in hits per
@@ -163,7 +163,7 @@ func Load(getenv func(string) string) (*Config, error) {
 		HTTPAddr:      orDefault(getenv("SIDECAR_HTTP_ADDR"), DefaultHTTPAddr),
 		DatabaseURL:   strings.TrimSpace(getenv("DATABASE_URL")),
 		SyncInterval:  100 * time.Millisecond,
-		GrantWait:     25 * time.Millisecond,
+		GrantWait:     100 * time.Millisecond,
 		GrantMaxLimit: 100,
 		Limits:        map[string]buckets.Limit{},
 		OverrideTTL:   30 * time.Second,

@@ -62,7 +62,7 @@ func TestDefaults(t *testing.T) {
 		{"HTTPMaxConns", c.HTTPMaxConns, 0},
 		{"HTTPMaxConnsPerIP", c.HTTPMaxConnsPerIP, 512},
 		{"GCHeadroomMB", c.GCHeadroomMB, 128},
-		{"GrantWait", c.GrantWait, 25 * time.Millisecond},
+		{"GrantWait", c.GrantWait, 100 * time.Millisecond},
 		{"GrantMaxLimit", c.GrantMaxLimit, uint32(100)},
 		{"Cluster.Replication", c.Cluster.Replication, "owner"},
 	} {

@@ -166,7 +166,8 @@ func Start(cfg *config.Config, o Options) (*Sidecar, error) {
 		return nil, err
 	}
 	az.RecordTraffic(s.Traffic)
-	az.LimitInFlight(cfg.MaxChecksInFlight, cfg.DBWait)
+	// A decision may wait for the database and then for a counter's owner.
+	az.LimitInFlight(cfg.MaxChecksInFlight, cfg.DBWait+max(cfg.GrantWait, 0))
 
 	rlsAPI, err := s.rateLimitService(ctx, cfg)
 	if err != nil {
