@@ -964,9 +964,15 @@ func TestClusterShareModeHoldsAWindowStartBurst(t *testing.T) {
 		if float64(total) > 1.05*limit || total < limit-3 {
 			t.Errorf("the window allowed %d of %d checks, want the limit %d (at most 1.05 × L, at least L − 3)", total, 3*limit, limit)
 		}
+		// Each check is allowed, refused by its node's bound (not counted: it takes
+		// nobody's room), or, once the node has heard the others' counts reach the limit
+		// (a burst spread over a sync on a busy machine), denied by the limit and counted
+		// as a Check counts denied hits.
 		for i, n := range nodes {
-			if d := n.debug(bucket, key); d.Own != uint32(allowed[i]) || d.Refused != uint32(limit-allowed[i]) {
-				t.Errorf("%s counted %d and refused %d, allowed %d", n.name, d.Own, d.Refused, allowed[i])
+			d := n.debug(bucket, key)
+			denied := int(d.Own) - allowed[i]
+			if denied < 0 || int(d.Own)+int(d.Refused) != limit || (denied > 0 && total < limit-3) {
+				t.Errorf("%s counted %d and refused %d, allowed %d: want each of its %d checks allowed, refused by the bound or, with the limit reached, denied and counted", n.name, d.Own, d.Refused, allowed[i], limit)
 			}
 		}
 		return
