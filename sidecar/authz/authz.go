@@ -108,13 +108,11 @@ func New(table *routes.Table, ident *identity.Resolver, lim *limiter.Limiter, li
 // (sidecar/traffic). Call it before serving.
 func (s *Server) RecordTraffic(r *traffic.Recorder) { s.traffic = r }
 
-// Budget bounds of a Check waiting for its turn: without a deadline from the caller it
-// waits at most defaultBudget; with one, it keeps a fifth of the time to its deadline
-// (at least minAnswerMargin) for the answer to travel, so that it arrives in time.
-const (
-	defaultBudget   = 200 * time.Millisecond
-	minAnswerMargin = 25 * time.Millisecond
-)
+// defaultBudget bounds a Check waiting for its turn without a deadline from the caller;
+// with one, it keeps a fifth of the time to its deadline (at least
+// limiter.AnswerMargin) for the answer to travel, so that it arrives in time
+// (limiter.DecideBy).
+const defaultBudget = 200 * time.Millisecond
 
 // DefaultMaxInFlight is the bound on Checks decided at once until LimitInFlight.
 const DefaultMaxInFlight = 256
@@ -175,7 +173,7 @@ func (s *Server) Verdict(ctx context.Context, r Request) Verdict {
 	}
 	var v Verdict
 	if s.admit(ctx, start) {
-		v = s.decide(r)
+		v = s.decide(r, limiter.DecideBy(ctx, start))
 		<-s.slots
 	} else {
 		s.shed.Inc()
@@ -313,8 +311,8 @@ func (s *Server) admit(ctx context.Context, start time.Time) bool {
 	default:
 	}
 	until := start.Add(defaultBudget)
-	if d, ok := ctx.Deadline(); ok {
-		until = d.Add(-max(minAnswerMargin, d.Sub(start)/5))
+	if by := limiter.DecideBy(ctx, start); !by.IsZero() {
+		until = by
 	}
 	until = until.Add(-s.longest)
 	wait := time.Until(until)
@@ -367,7 +365,8 @@ func RequestOf(req *authv3.CheckRequest) Request {
 	}
 }
 
-func (s *Server) decide(req Request) Verdict {
+// decide decides on req; a wait for a counter's owner ends by by (zero: none).
+func (s *Server) decide(req Request, by time.Time) Verdict {
 	route, channelID, ok := s.table.Match(req.Method, req.Path)
 	if !ok || route.Core {
 		s.none.Inc()
@@ -399,7 +398,7 @@ func (s *Server) decide(req Request) Verdict {
 			c = &st.publishable
 		}
 		k := limiter.Key{Bucket: c.id, ID: id.ID}
-		res := s.limiter.Check(k, 1, s.limit(c, id.TenantID))
+		res := s.limiter.CheckBy(k, 1, s.limit(c, id.TenantID), by)
 		if s.traffic != nil {
 			s.traffic.Note(k, res)
 		}

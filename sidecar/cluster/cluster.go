@@ -659,9 +659,10 @@ func (c *Cluster) noteJoiners(before, names []string, now int64) {
 }
 
 // askRoom is told of n hits of k that share mode's bound refused below the limit: it
-// asks the key's owner for room and waits for the answer, at most GrantWait (grant.go),
-// and reports whether the bound rose.
-func (c *Cluster) askRoom(k limiter.Key, n uint32, sizeMS, endMS int64) bool {
+// asks the key's owner for room and waits for the answer, at most GrantWait (grant.go)
+// and never past by (when not zero: the check's decision is due then), and reports
+// whether the bound rose.
+func (c *Cluster) askRoom(k limiter.Key, n uint32, sizeMS, endMS int64, by time.Time) bool {
 	// The caller may reuse the id's bytes once the check returns; the request outlives it.
 	k.ID = strings.Clone(k.ID)
 	now := c.nowMS()
@@ -694,6 +695,13 @@ func (c *Cluster) askRoom(k limiter.Key, n uint32, sizeMS, endMS int64) bool {
 		return false
 	}
 	waitMS := max(c.cfg.GrantWait.Milliseconds(), 1)
+	if !by.IsZero() {
+		left := time.Until(by).Milliseconds()
+		if left < 1 {
+			return false // no time left to wait for an answer
+		}
+		waitMS = min(waitMS, left)
+	}
 	a, first, ok := c.rep.asks.start(k, sizeMS, endMS, now, waitMS)
 	if !ok {
 		return false
@@ -711,6 +719,9 @@ func (c *Cluster) askRoom(k limiter.Key, n uint32, sizeMS, endMS int64) bool {
 	wait := time.Duration(a.deadline-now) * time.Millisecond
 	if !first {
 		wait += fallBackGrace
+	}
+	if !by.IsZero() {
+		wait = min(wait, time.Until(by))
 	}
 	t := time.NewTimer(wait)
 	defer t.Stop()

@@ -446,7 +446,7 @@ func TestOthersCountAloneLeavesACounterBound(t *testing.T) {
 		r.unknown(k, limit, sizeMS, endMS, m.env(lim.NowMS()))
 	})
 	asked := 0
-	lim.OnBoundRefused(func(limiter.Key, uint32, int64, int64) bool { asked++; return false })
+	lim.OnBoundRefused(func(limiter.Key, uint32, int64, int64, time.Time) bool { asked++; return false })
 	v := value{bucket: "token_create", id: k.ID, sizeMS: m.size, endMS: end, count: 3}
 	if r.slots.merge("a#1", v, now, now) != merged {
 		t.Fatal("a's value not merged")
@@ -500,4 +500,43 @@ func (memberB) env(at int64) shareEnv {
 	return shareEnv{now: at, intervalMS: 100, live: func(n string) bool { return n == "a" }, members: 2,
 		relay: true, grants: true, names: []string{"a", "b"}, self: "b", grantMax: 100,
 		owns: func(limiter.Key) bool { return false }}
+}
+
+// TestRequestForRoomEndsByTheCheckDeadline: a check whose decision is due before the
+// grants' wait is over waits for the owner only until then, and one with no time left
+// sends no request at all.
+func TestRequestForRoomEndsByTheCheckDeadline(t *testing.T) {
+	a, b := grantPair(t, false)
+	lim := limiter.Limit{Count: 10, Window: time.Hour}
+	id := "192.0.2.1"
+	for ownerOf("token_create", id, []string{"a", "b"}) != "a" {
+		id += "0"
+	}
+	k := limiter.Key{Bucket: b.lim.Bucket("token_create"), ID: id}
+	if !b.lim.Check(k, 1, lim).Allowed {
+		t.Fatal("the first check refused")
+	}
+	size := lim.Window.Milliseconds()
+	end := windowEnd(b.nowMS(), size)
+	a.leaving.Store(true) // the owner answers no request
+	sent := func() float64 { return counter(t, b.m.grants.WithLabelValues("asked", "sent")) }
+
+	before := sent()
+	if b.askRoom(k, 1, size, end, time.Now().Add(-time.Millisecond)) {
+		t.Fatal("room granted with no time left")
+	}
+	if got := sent(); got != before {
+		t.Fatalf("%g requests sent with no time left to wait for them", got-before)
+	}
+
+	// The wait is 200 ms (grantPair); the decision is due in 30.
+	// (Unanswered, the request may still take a member's part: fallBack.)
+	began := time.Now()
+	b.askRoom(k, 1, size, end, began.Add(30*time.Millisecond))
+	if took := time.Since(began); took >= 200*time.Millisecond {
+		t.Fatalf("waited %v for the owner, past the check's decision due in 30ms", took)
+	}
+	if got := sent(); got != before+1 {
+		t.Fatalf("%g requests sent, want 1", got-before)
+	}
 }

@@ -81,7 +81,7 @@ func newSim(n int, intervalMS int64, phases []int64, share bool, limit uint32) *
 		ph := phases[i%len(phases)] % intervalMS
 		n := &simNode{name: name, lim: lim, rep: newReplicator(lim, origin, share), phase: ph, next: t0 + ph}
 		idx := i
-		lim.OnBoundRefused(func(k limiter.Key, want uint32, sizeMS, endMS int64) bool {
+		lim.OnBoundRefused(func(k limiter.Key, want uint32, sizeMS, endMS int64, _ time.Time) bool {
 			return s.ask(idx, k, want, sizeMS, endMS)
 		})
 		lim.OnUnknown(func(k limiter.Key, limit uint32, sizeMS, endMS int64) {

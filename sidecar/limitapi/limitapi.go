@@ -6,6 +6,7 @@ package limitapi
 
 import (
 	"context"
+	"time"
 
 	"github.com/converger/edge/shared/ids"
 	"github.com/converger/edge/sidecar/tenants"
@@ -68,28 +69,28 @@ const (
 )
 
 // Check counts and decides.
-func (s *Server) Check(_ context.Context, r *limiterpb.LimitRequest) (*limiterpb.LimitResponse, error) {
-	return s.do(check, r)
+func (s *Server) Check(ctx context.Context, r *limiterpb.LimitRequest) (*limiterpb.LimitResponse, error) {
+	return s.do(ctx, check, r)
 }
 
 // Peek decides without counting.
-func (s *Server) Peek(_ context.Context, r *limiterpb.LimitRequest) (*limiterpb.LimitResponse, error) {
-	return s.do(peek, r)
+func (s *Server) Peek(ctx context.Context, r *limiterpb.LimitRequest) (*limiterpb.LimitResponse, error) {
+	return s.do(ctx, peek, r)
 }
 
 // Record counts without deciding.
-func (s *Server) Record(_ context.Context, r *limiterpb.LimitRequest) (*limiterpb.LimitResponse, error) {
-	return s.do(record, r)
+func (s *Server) Record(ctx context.Context, r *limiterpb.LimitRequest) (*limiterpb.LimitResponse, error) {
+	return s.do(ctx, record, r)
 }
 
 // Take counts only what fits, and decides.
-func (s *Server) Take(_ context.Context, r *limiterpb.LimitRequest) (*limiterpb.LimitResponse, error) {
-	return s.do(take, r)
+func (s *Server) Take(ctx context.Context, r *limiterpb.LimitRequest) (*limiterpb.LimitResponse, error) {
+	return s.do(ctx, take, r)
 }
 
 // Refund forgives hits taken in the current window.
-func (s *Server) Refund(_ context.Context, r *limiterpb.LimitRequest) (*limiterpb.LimitResponse, error) {
-	return s.do(refund, r)
+func (s *Server) Refund(ctx context.Context, r *limiterpb.LimitRequest) (*limiterpb.LimitResponse, error) {
+	return s.do(ctx, refund, r)
 }
 
 // limit applies the override of the key's tenant over the base limit, for the buckets
@@ -114,7 +115,8 @@ func (s *Server) limit(name, key string, base buckets.Limit) buckets.Limit {
 	return base
 }
 
-func (s *Server) do(o op, r *limiterpb.LimitRequest) (*limiterpb.LimitResponse, error) {
+func (s *Server) do(ctx context.Context, o op, r *limiterpb.LimitRequest) (*limiterpb.LimitResponse, error) {
+	start := time.Now()
 	name := r.GetBucket()
 	if !buckets.ValidName(name) {
 		return nil, status.Error(codes.InvalidArgument, "bucket must be 1 to 64 of a-z, 0-9 and _")
@@ -139,13 +141,13 @@ func (s *Server) do(o op, r *limiterpb.LimitRequest) (*limiterpb.LimitResponse, 
 	var res limiter.Result
 	switch o {
 	case check:
-		res = s.limiter.Check(k, hits, lim)
+		res = s.limiter.CheckBy(k, hits, lim, limiter.DecideBy(ctx, start))
 	case peek:
 		res = s.limiter.Peek(k, lim)
 	case record:
 		res = s.limiter.Record(k, hits, lim)
 	case take:
-		res = s.limiter.Take(k, hits, lim)
+		res = s.limiter.TakeBy(k, hits, lim, limiter.DecideBy(ctx, start))
 	case refund:
 		res = s.limiter.Refund(k, hits, lim)
 	}

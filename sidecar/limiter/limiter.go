@@ -5,6 +5,7 @@
 package limiter
 
 import (
+	"context"
 	"hash/maphash"
 	"maps"
 	"math"
@@ -70,7 +71,7 @@ type Limiter struct {
 	refunds sync.Map
 	// boundRefused, when set, is asked for more room when share mode's bound refuses
 	// hits the limit would allow (OnBoundRefused).
-	boundRefused atomic.Pointer[func(k Key, n uint32, sizeMS, endMS int64) bool]
+	boundRefused atomic.Pointer[func(k Key, n uint32, sizeMS, endMS int64, by time.Time) bool]
 	// unknown, when set, is told of a counter before its first hit of a window that
 	// this node has no bound of (OnUnknown).
 	unknown atomic.Pointer[func(k Key, limit uint32, sizeMS, endMS int64)]
@@ -210,6 +211,12 @@ func (l *Limiter) NowMS() int64 { return l.now() }
 // No operation keeps a reference to k.ID once it returns (a new counter stores a copy),
 // so the caller may build it in a buffer it reuses.
 func (l *Limiter) Check(k Key, n uint32, lim Limit) Result {
+	return l.CheckBy(k, n, lim, time.Time{})
+}
+
+// CheckBy is Check for a caller that must have its decision by the time by (zero: no
+// such time): a wait for more room (OnBoundRefused) ends by then.
+func (l *Limiter) CheckBy(k Key, n uint32, lim Limit, by time.Time) Result {
 	now, w, end := l.window(lim)
 	ext, own, ok, unknown := l.add(k, n, w, end, windowMS(lim), true, l.unknown.Load() != nil)
 	if unknown {
@@ -224,7 +231,7 @@ func (l *Limiter) Check(k Key, n uint32, lim Limit) Result {
 	ext.noteLimit(lim.Count)
 	for try := 0; !ok && try < maxAsks && total <= lim.Count && n <= lim.Count-total; try++ {
 		// The bound refused what the limit allows: ask for room, and try once more.
-		if !l.askRoom(k, n, windowMS(lim), end) {
+		if !l.askRoom(k, n, windowMS(lim), end, by) {
 			break
 		}
 		own, ok = l.addAgain(k, ext, n, w, end, windowMS(lim))
@@ -255,19 +262,33 @@ func (l *Limiter) addAgain(k Key, ext *replica, n, w uint32, end, size int64) (u
 
 // OnBoundRefused sets f to be called, on the checking goroutine, whenever share mode's
 // bound refuses n hits of k in the window of sizeMS ending at endMS that the count known
-// here would allow. f may wait (briefly: the check waits with it) for more room and
-// raise the bound (RaiseCap); it reports whether it did, and the hits are then tried
-// once more.
-func (l *Limiter) OnBoundRefused(f func(k Key, n uint32, sizeMS, endMS int64) bool) {
+// here would allow. f may wait (briefly: the check waits with it, and never past by
+// when by is not zero) for more room and raise the bound (RaiseCap); it reports whether
+// it did, and the hits are then tried once more.
+func (l *Limiter) OnBoundRefused(f func(k Key, n uint32, sizeMS, endMS int64, by time.Time) bool) {
 	l.boundRefused.Store(&f)
 }
 
-func (l *Limiter) askRoom(k Key, n uint32, sizeMS, endMS int64) bool {
+func (l *Limiter) askRoom(k Key, n uint32, sizeMS, endMS int64, by time.Time) bool {
 	if f := l.boundRefused.Load(); f != nil {
-		return (*f)(k, n, sizeMS, endMS)
+		return (*f)(k, n, sizeMS, endMS, by)
 	}
 	return false
 }
+
+// DecideBy is when a call that must be answered by ctx's deadline must have its decision,
+// so that the answer still reaches the caller in time: a fifth of the time from start to
+// the deadline before it, and at least AnswerMargin. It is zero without a deadline.
+func DecideBy(ctx context.Context, start time.Time) time.Time {
+	d, ok := ctx.Deadline()
+	if !ok {
+		return time.Time{}
+	}
+	return d.Add(-max(AnswerMargin, d.Sub(start)/5))
+}
+
+// AnswerMargin is the least time DecideBy keeps for an answer to travel.
+const AnswerMargin = 25 * time.Millisecond
 
 // Record adds n hits to k without deciding: the result is always allowed.
 func (l *Limiter) Record(k Key, n uint32, lim Limit) Result {

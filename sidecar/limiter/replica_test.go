@@ -1,6 +1,7 @@
 package limiter
 
 import (
+	"context"
 	"fmt"
 	"sync/atomic"
 	"testing"
@@ -298,11 +299,13 @@ func TestBoundRefusedAsksForRoom(t *testing.T) {
 	l.SetRemote(k, 1000, 11_000, 5)
 	l.SetCap(k, 1000, 11_000, 1)
 	asks, grant := 0, uint32(1)
-	l.OnBoundRefused(func(got Key, n uint32, sizeMS, endMS int64) bool {
+	var by, gotBy time.Time
+	l.OnBoundRefused(func(got Key, n uint32, sizeMS, endMS int64, due time.Time) bool {
 		asks++
 		if got != k || n != 1 || sizeMS != 1000 || endMS != 11_000 {
 			t.Errorf("asked for %v %d in %d ending %d", got, n, sizeMS, endMS)
 		}
+		gotBy = due
 		return grant > 0 && l.RaiseCap(got, sizeMS, endMS, grant)
 	})
 	if r := l.Check(k, 1, lim); !r.Allowed || asks != 0 {
@@ -313,6 +316,9 @@ func TestBoundRefusedAsksForRoom(t *testing.T) {
 	}
 	if r := l.Take(k, 1, lim); !r.Allowed || asks != 2 {
 		t.Fatalf("take: %+v, %d asks", r, asks)
+	}
+	if !gotBy.IsZero() {
+		t.Fatalf("Check and Take asked with a decision due at %v, want none", gotBy)
 	}
 	s, _ := l.Lookup(k)
 	if s.Own != 3 || s.Refused != 0 || s.Cap != 3 {
@@ -326,13 +332,42 @@ func TestBoundRefusedAsksForRoom(t *testing.T) {
 	if s, _ := l.Lookup(k); s.Own != 3 || s.Refused != 1 {
 		t.Fatalf("after a refusal: %+v", s)
 	}
+	// CheckBy and TakeBy tell the wait when the decision is due.
+	by = time.Unix(1_700_000_000, 0)
+	if r := l.CheckBy(k, 1, lim, by); r.Allowed || asks != 4 || !gotBy.Equal(by) {
+		t.Fatalf("CheckBy: %+v, %d asks, due %v, want %v", r, asks, gotBy, by)
+	}
+	gotBy = time.Time{}
+	if r := l.TakeBy(k, 1, lim, by); r.Allowed || asks != 5 || !gotBy.Equal(by) {
+		t.Fatalf("TakeBy: %+v, %d asks, due %v, want %v", r, asks, gotBy, by)
+	}
 	// The limit itself is reached: no asking.
 	grant = 5
 	l.SetRemote(k, 1000, 11_000, 7)
-	if r := l.Check(k, 1, lim); r.Allowed || asks != 3 {
+	if r := l.Check(k, 1, lim); r.Allowed || asks != 5 {
 		t.Fatalf("at the limit: %+v, %d asks", r, asks)
 	}
 	if l.RaiseCap(Key{l.Bucket("b"), "none"}, 1000, 11_000, 1) {
 		t.Fatal("raised the bound of a counter without one")
+	}
+}
+
+// TestDecideBy: a decision is due a fifth of the time to the caller's deadline before
+// it, at least AnswerMargin before; without a deadline, never.
+func TestDecideBy(t *testing.T) {
+	start := time.Now()
+	if by := DecideBy(context.Background(), start); !by.IsZero() {
+		t.Fatalf("no deadline: due %v", by)
+	}
+	for _, c := range []struct{ timeout, margin time.Duration }{
+		{250 * time.Millisecond, 50 * time.Millisecond},
+		{60 * time.Millisecond, AnswerMargin},
+		{10 * time.Millisecond, AnswerMargin},
+	} {
+		ctx, cancel := context.WithDeadline(context.Background(), start.Add(c.timeout))
+		if by, want := DecideBy(ctx, start), start.Add(c.timeout-c.margin); !by.Equal(want) {
+			t.Errorf("timeout %v: due %v after start, want %v", c.timeout, by.Sub(start), want.Sub(start))
+		}
+		cancel()
 	}
 }

@@ -1,6 +1,9 @@
 package limiter
 
-import "math"
+import (
+	"math"
+	"time"
+)
 
 // Take and Refund make an attempt and its outcome one decision: Take counts hits only
 // when they fit within the limit, so that parallel attempts are never admitted beyond
@@ -23,6 +26,12 @@ const RefundSuffix = "_refunds"
 // replicated limiter the count is this node's plus what the other nodes reported, and
 // share mode may bound this node's part further.
 func (l *Limiter) Take(k Key, n uint32, lim Limit) Result {
+	return l.TakeBy(k, n, lim, time.Time{})
+}
+
+// TakeBy is Take for a caller that must have its decision by the time by (zero: no such
+// time), as CheckBy.
+func (l *Limiter) TakeBy(k Key, n uint32, lim Limit, by time.Time) Result {
 	now, w, end := l.window(lim)
 	size := windowMS(lim)
 	budget := lim.Count
@@ -46,7 +55,7 @@ func (l *Limiter) Take(k Key, n uint32, lim Limit) Result {
 		room := budget - min(budget, remote)
 		for try := 0; !ok && try < maxAsks && own <= room && n <= room-own; try++ {
 			// The bound refused, not the limit: ask for room, and try once more.
-			if !l.askRoom(k, n, size, end) {
+			if !l.askRoom(k, n, size, end, by) {
 				break
 			}
 			if own, ok = e.add(n, w, end, size, min(room, e.ext.capFor(w))); ok {

@@ -24,6 +24,9 @@ type Request struct {
 	// ExtraDescriptors counts descriptors a decoder saw past MaxDescriptors+1 and did not
 	// keep: the request is refused for its count, which includes them.
 	ExtraDescriptors int
+	// DecideBy, when not zero, is when the decision is due (limiter.DecideBy): a wait
+	// for a counter's owner ends by then.
+	DecideBy time.Time
 }
 
 // Descriptor is one descriptor of a request.
@@ -400,7 +403,7 @@ func (s *Service) count(d *domain, req *Request, i int, resp *Response) {
 		}
 		lim := limiter.Limit{Count: o.PerUnit, Window: time.Duration(secs) * time.Second}
 		id := s.id(resp, req.Domain, desc.Entries, nil, secs)
-		ls := s.plain(s.key(s.hits, resp, id), hits, lim, d.override, false)
+		ls := s.plain(s.key(s.hits, resp, id), hits, lim, d.override, false, req.DecideBy)
 		st.HasLimit, st.Limit = true, CurrentLimit{PerUnit: o.PerUnit, Unit: o.Unit}
 		if o.Multiplier > 1 {
 			st.Limit.Multiplier = o.Multiplier
@@ -468,12 +471,13 @@ func (s *Service) key(b limiter.BucketID, resp *Response, id [2]int) limiter.Key
 
 // plain counts hits on a counter as the reference does: added first, then over iff the
 // count is past the limit (denied hits count too). No hits: decided without counting.
-func (s *Service) plain(k limiter.Key, hits uint32, lim limiter.Limit, st *stats, shadow bool) limitStatus {
+// A wait for the counter's owner ends by by (zero: none).
+func (s *Service) plain(k limiter.Key, hits uint32, lim limiter.Limit, st *stats, shadow bool, by time.Time) limitStatus {
 	if hits == 0 {
 		res := s.lim.Peek(k, lim)
 		return outcome(res.Count > lim.Count, res.Count, lim.Count, res)
 	}
-	res := s.lim.Check(k, hits, lim)
+	res := s.lim.CheckBy(k, hits, lim, by)
 	st.record(hits, uint64(res.Count), lim.Count, shadow)
 	return outcome(!res.Allowed, res.Count, lim.Count, res)
 }
@@ -504,7 +508,7 @@ func (s *Service) limit(resp *Response, req *Request, i int, l *Limit) limitStat
 		if w.refund {
 			hits = 0 // the rule does not allow refunds: checked, not counted
 		}
-		ls := s.plain(hitsKey, hits, lim, l.stats, r.shadow)
+		ls := s.plain(hitsKey, hits, lim, l.stats, r.shadow, req.DecideBy)
 		ls.lim = l
 		return ls
 	}
@@ -528,7 +532,7 @@ func (s *Service) limit(resp *Response, req *Request, i int, l *Limit) limitStat
 		return ls
 	default: // count_denied and allow_refunds
 		refunds := s.lim.Refunded(hitsKey, lim)
-		res := s.lim.Check(hitsKey, w.hits, limiter.Limit{Count: satAdd(l.PerUnit, refunds), Window: l.window})
+		res := s.lim.CheckBy(hitsKey, w.hits, limiter.Limit{Count: satAdd(l.PerUnit, refunds), Window: l.window}, req.DecideBy)
 		after := res.Count - min(refunds, res.Count)
 		l.stats.record(w.hits, uint64(after), l.PerUnit, r.shadow)
 		ls = outcome(!res.Allowed, after, l.PerUnit, res)
@@ -560,7 +564,7 @@ func (s *Service) settle(req *Request, resp *Response, over bool) {
 			}
 			continue
 		}
-		res := s.lim.Take(s.key(s.hits, resp, p.id), w.hits, p.lim)
+		res := s.lim.TakeBy(s.key(s.hits, resp, p.id), w.hits, p.lim, req.DecideBy)
 		if res.Allowed {
 			l.stats.record(w.hits, uint64(res.Count), l.PerUnit, l.rule.shadow)
 			p.ls = outcome(false, res.Count, l.PerUnit, res)

@@ -31,6 +31,7 @@ import (
 
 	"github.com/converger/edge/shared/apierror"
 	"github.com/converger/edge/shared/tracing"
+	"github.com/converger/edge/sidecar/limiter"
 	"github.com/converger/edge/sidecar/rls"
 )
 
@@ -137,6 +138,7 @@ func (s *Server) Decide(ctx context.Context, req *rls.Request, resp *rls.Respons
 		_, span = tracing.Start(tracing.FromIncoming(ctx), "converger.ratelimit", trace.SpanKindServer,
 			attribute.String("converger.domain", req.Domain), attribute.Int("converger.descriptors", len(req.Descriptors)))
 	}
+	req.DecideBy = limiter.DecideBy(ctx, start)
 	err := s.svc.Decide(req, resp)
 	s.svc.Metrics().Observe(err == nil && resp.Code == rls.OverLimit, err != nil, time.Since(start))
 	if span != nil {
