@@ -21,23 +21,31 @@ func TestGrantsBetweenTwoNodes(t *testing.T) {
 	}
 }
 
+// startGrantNode starts a node with share mode and the grants, in owner replication or
+// broadcast, joining join.
+func startGrantNode(t *testing.T, name string, broadcast bool, join ...*Cluster) *Cluster {
+	t.Helper()
+	var addrs []string
+	for _, j := range join {
+		addrs = append(addrs, j.ml.LocalNode().Address())
+	}
+	c, err := Start(Config{NodeName: name, BindAddr: "127.0.0.1:0", Strategy: "static", Join: addrs, Broadcast: broadcast,
+		SyncInterval: 100 * time.Millisecond, ShareMode: true, GrantWait: 200 * time.Millisecond, Logger: quiet},
+		limiter.New(limiter.Options{Replicated: true}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.Stop)
+	return c
+}
+
 // grantPair starts two nodes, a and b, with share mode and the grants, and waits until
 // both run the grants and have settled, and neither answers for the other any more
 // (handing: b owned every key alone): in owner replication each has the other's
 // handover.
 func grantPair(t *testing.T, broadcast bool) (a, b *Cluster) {
-	start := func(name string, join []string) *Cluster {
-		c, err := Start(Config{NodeName: name, BindAddr: "127.0.0.1:0", Strategy: "static", Join: join, Broadcast: broadcast,
-			SyncInterval: 100 * time.Millisecond, ShareMode: true, GrantWait: 200 * time.Millisecond, Logger: quiet},
-			limiter.New(limiter.Options{Replicated: true}))
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(c.Stop)
-		return c
-	}
-	a = start("a", nil)
-	b = start("b", []string{a.ml.LocalNode().Address()})
+	a = startGrantNode(t, "a", broadcast)
+	b = startGrantNode(t, "b", broadcast, a)
 	deadline := time.Now().Add(10 * time.Second)
 	on := func(c *Cluster, other string) bool {
 		c.ownersMu.Lock()

@@ -51,16 +51,7 @@ func takesHandover(meta []byte) bool {
 // keys origin hands over (byOrigin: their values, the bound being what each may hold);
 // leaving says origin is leaving the cluster.
 func packHandover(sentAt int64, origin string, leaving bool, byOrigin map[string][]value) [][]byte {
-	var items [][]byte
-	for _, o := range slices.Sorted(maps.Keys(byOrigin)) {
-		p := newPacker2(sentAt, o, maxPacket-64)
-		for _, v := range byOrigin[o] {
-			p.add(v)
-		}
-		for _, m := range p.messages() {
-			items = append(items, appendState(nil, m))
-		}
-	}
+	items := stateItems(byOrigin, func(o string) *packer { return newPacker2(sentAt, o, maxPacket-64) })
 	head := appendString([]byte{0}, origin)
 	if leaving {
 		head[0] = 1

@@ -52,24 +52,6 @@ func TestHandoverMessages(t *testing.T) {
 	}
 }
 
-// startGrantNode starts a node with share mode, the grants and owner replication,
-// joining join.
-func startGrantNode(t *testing.T, name string, join ...*Cluster) *Cluster {
-	t.Helper()
-	var addrs []string
-	for _, j := range join {
-		addrs = append(addrs, j.ml.LocalNode().Address())
-	}
-	c, err := Start(Config{NodeName: name, BindAddr: "127.0.0.1:0", Strategy: "static", Join: addrs,
-		SyncInterval: 100 * time.Millisecond, ShareMode: true, GrantWait: 200 * time.Millisecond, Logger: quiet},
-		limiter.New(limiter.Options{Replicated: true}))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(c.Stop)
-	return c
-}
-
 // waitOwners waits until f holds of c's owners at c's time.
 func waitOwners(t *testing.T, c *Cluster, what string, f func(o *owners, now int64) bool) {
 	t.Helper()
@@ -122,9 +104,9 @@ func heldFor(c *Cluster, id, member string) uint32 {
 // from the moment it sees the owner gone, rather than settleMove later, and holds what
 // the owner had granted a third member.
 func TestHandoverOnLeave(t *testing.T) {
-	a := startGrantNode(t, "a")
-	b := startGrantNode(t, "b", a)
-	c := startGrantNode(t, "c", a)
+	a := startGrantNode(t, "a", false)
+	b := startGrantNode(t, "b", false, a)
+	c := startGrantNode(t, "c", false, a)
 	all := []string{"a", "b", "c"}
 	for _, n := range []*Cluster{a, b, c} {
 		waitOwners(t, n, "settled", func(o *owners, now int64) bool {
@@ -159,8 +141,8 @@ func TestHandoverOnLeave(t *testing.T) {
 // owned; that member hands it over at once (with what it granted a third), stops
 // answering for it, and the newcomer owns it before it would have settled without.
 func TestNewcomerOwnsOnceHandedOver(t *testing.T) {
-	a := startGrantNode(t, "a")
-	b := startGrantNode(t, "b", a)
+	a := startGrantNode(t, "a", false)
+	b := startGrantNode(t, "b", false, a)
 	for _, n := range []*Cluster{a, b} {
 		waitOwners(t, n, "settled", func(o *owners, now int64) bool {
 			return len(o.names) == 2 && o.relay && now >= o.startedAt+o.settleStart && now >= o.changedAt+o.settleStart
@@ -177,7 +159,7 @@ func TestNewcomerOwnsOnceHandedOver(t *testing.T) {
 			t.Fatalf("b's check %d refused", i+1)
 		}
 	}
-	c := startGrantNode(t, "c", a, b)
+	c := startGrantNode(t, "c", false, a, b)
 	var ownedAt int64
 	waitOwners(t, c, "owner of the key", func(o *owners, now int64) bool {
 		ownedAt = now

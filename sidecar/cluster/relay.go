@@ -254,9 +254,16 @@ func decodeSummary(b []byte) (summary, error) {
 // packRelay encodes other origins' counts, by origin, into relay messages: version 1
 // values (a count, none of share mode's fields: those only the origin itself sends).
 func packRelay(sentAt int64, byOrigin map[string][]value) [][]byte {
+	items := stateItems(byOrigin, func(o string) *packer { return newPacker(sentAt, o, maxPacket-32) })
+	return packItems(relayKind, func(int) []byte { return nil }, items)
+}
+
+// stateItems packs each origin's values, the origins in the order of their names, with
+// the packer pack makes for it, into state messages: the items of a packItems message.
+func stateItems(byOrigin map[string][]value, pack func(origin string) *packer) [][]byte {
 	var items [][]byte
 	for _, origin := range slices.Sorted(maps.Keys(byOrigin)) {
-		p := newPacker(sentAt, origin, maxPacket-32)
+		p := pack(origin)
 		for _, v := range byOrigin[origin] {
 			p.add(v)
 		}
@@ -264,7 +271,7 @@ func packRelay(sentAt int64, byOrigin map[string][]value) [][]byte {
 			items = append(items, appendState(nil, m))
 		}
 	}
-	return packItems(relayKind, func(int) []byte { return nil }, items)
+	return items
 }
 
 // packRelayShare encodes one origin's value, with share mode's fields, as sent at
