@@ -172,8 +172,9 @@ func (s *Server) Verdict(ctx context.Context, r Request) Verdict {
 		ctx, span = startSpan(ctx, r)
 	}
 	var v Verdict
-	if s.admit(ctx, start) {
-		v = s.decide(r, limiter.DecideBy(ctx, start))
+	by := limiter.DecideBy(ctx, start)
+	if s.admit(ctx, start, by) {
+		v = s.decide(r, by)
 		<-s.slots
 	} else {
 		s.shed.Inc()
@@ -303,15 +304,17 @@ func (v Verdict) Response() *authv3.CheckResponse {
 	}
 }
 
-// admit takes a turn among the Checks in flight, waiting within the budget.
-func (s *Server) admit(ctx context.Context, start time.Time) bool {
+// admit takes a turn among the Checks in flight, waiting within the budget: until the
+// decision, due by by (zero: defaultBudget after start), could still be made in time,
+// or ctx is done.
+func (s *Server) admit(ctx context.Context, start, by time.Time) bool {
 	select {
 	case s.slots <- struct{}{}:
 		return true
 	default:
 	}
 	until := start.Add(defaultBudget)
-	if by := limiter.DecideBy(ctx, start); !by.IsZero() {
+	if !by.IsZero() {
 		until = by
 	}
 	until = until.Add(-s.longest)

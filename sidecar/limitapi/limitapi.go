@@ -116,7 +116,7 @@ func (s *Server) limit(name, key string, base buckets.Limit) buckets.Limit {
 }
 
 func (s *Server) do(ctx context.Context, o op, r *limiterpb.LimitRequest) (*limiterpb.LimitResponse, error) {
-	start := time.Now()
+	by := limiter.DecideBy(ctx, time.Now()) // a wait for a counter's owner ends by then
 	name := r.GetBucket()
 	if !buckets.ValidName(name) {
 		return nil, status.Error(codes.InvalidArgument, "bucket must be 1 to 64 of a-z, 0-9 and _")
@@ -141,13 +141,13 @@ func (s *Server) do(ctx context.Context, o op, r *limiterpb.LimitRequest) (*limi
 	var res limiter.Result
 	switch o {
 	case check:
-		res = s.limiter.CheckBy(k, hits, lim, limiter.DecideBy(ctx, start))
+		res = s.limiter.CheckBy(k, hits, lim, by)
 	case peek:
 		res = s.limiter.Peek(k, lim)
 	case record:
 		res = s.limiter.Record(k, hits, lim)
 	case take:
-		res = s.limiter.TakeBy(k, hits, lim, limiter.DecideBy(ctx, start))
+		res = s.limiter.TakeBy(k, hits, lim, by)
 	case refund:
 		res = s.limiter.Refund(k, hits, lim)
 	}
