@@ -110,8 +110,11 @@ type Cluster struct {
 	// created is set once c.ml is: a member may join while memberlist.Create runs.
 	created atomic.Bool
 	// leaving is set once Stop has begun handing this node's keys over: it answers no
-	// more requests for room.
+	// more requests for room. handedOff holds the members it has handed them over to
+	// (as keys, by name): it forwards them the requests for room of the keys they own
+	// next.
 	leaving   atomic.Bool
+	handedOff sync.Map
 	stop      chan struct{}
 	wg        sync.WaitGroup
 	stopOnce  sync.Once
@@ -601,11 +604,16 @@ func (c *Cluster) grantsOn() bool { return c.cfg.ShareMode && c.cfg.GrantWait > 
 // updateOwners makes the owners again from the live members (the caller holds
 // membersMu): grants are on when every live member announces them, this node included,
 // for the limits up to the smallest GrantMaxLimit announced; owner replication when
-// every live member announces it.
+// every live member announces it. A member that handed its keys over to leave owns none
+// from then on, for leaveTimeout at most (receiveHandover).
 func (c *Cluster) updateOwners() {
 	var names []string
 	grants, relay := c.grantsOn(), !c.cfg.Broadcast
 	maxLimit := c.cfg.GrantMaxLimit
+	c.ownersMu.Lock()
+	left := c.owners.leftAfterHandover
+	c.ownersMu.Unlock()
+	now := c.nowMS()
 	for name, n := range c.members {
 		if len(n.Meta) < 2 || n.Meta[1]&featureGrants == 0 {
 			grants = false
@@ -614,6 +622,11 @@ func (c *Cluster) updateOwners() {
 			relay = false
 		}
 		maxLimit = min(maxLimit, announcedGrantMax(n.Meta))
+		if t, ok := left[name]; ok && now < t+leaveTimeout.Milliseconds() {
+			// It handed its keys over to leave: the next owners answer for them from
+			// now on, though its Leave has not reached this node yet (handover.go).
+			continue
+		}
 		names = append(names, name)
 	}
 	if !grants && !relay {
@@ -628,7 +641,6 @@ func (c *Cluster) updateOwners() {
 		c.log.Info("owners of keys", "grants", grants, "owner_replication", relay, "members", len(c.members))
 	}
 	if !slices.Equal(names, c.owners.names) || (names == nil) != (c.owners.names == nil) || grants != c.owners.grants || relay != c.owners.relay {
-		now := c.nowMS()
 		if relay {
 			c.noteJoiners(c.owners.names, names, now)
 		}
@@ -800,7 +812,19 @@ func (c *Cluster) answerAsk(b []byte) (to memberlist.Node, answer []byte, ok boo
 	forward := o.forwardTo(q.v.bucket, q.v.id, now)
 	prev, forwarding := c.members[forward]
 	c.membersMu.Unlock()
-	if !ok || name == c.cfg.NodeName || c.leaving.Load() {
+	if !ok || name == c.cfg.NodeName {
+		return to, nil, false
+	}
+	if c.leaving.Load() {
+		// Handed over, the key's next owner answers (receiveHandover); before, nobody.
+		if next := c.ownerWithout(q.v.bucket, q.v.id, o.names, c.cfg.NodeName); o.relay && next != name {
+			c.membersMu.Lock()
+			n, ok := c.members[next]
+			c.membersMu.Unlock()
+			if _, handed := c.handedOff.Load(next); ok && handed {
+				c.send(&n, kindAsk, b)
+			}
+		}
 		return to, nil, false
 	}
 	if forwarding && forward != c.cfg.NodeName && forward != name {
@@ -1191,10 +1215,10 @@ func (e *events) NotifyJoin(n *memberlist.Node) {
 	c.members[n.Name] = copyNode(n)
 	_, back := c.gone[n.Name]
 	delete(c.gone, n.Name)
-	c.updateOwners()
 	c.ownersMu.Lock()
 	c.owners.forgetLeave(n.Name)
 	c.ownersMu.Unlock()
+	c.updateOwners()
 	c.membersMu.Unlock()
 	if back {
 		// Not from this callback: memberlist holds its lock while it calls it.

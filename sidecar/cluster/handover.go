@@ -16,11 +16,14 @@ import (
 // floor, until the origin's own values show its bound). Two moments call for it:
 //
 //   - A key's owner that stops (Stop) hands its keys to the members that own them once
-//     it is gone, then answers no more requests for room, and leaves. The new owner
-//     grants from the moment the leave reaches it, rather than refuse every request
-//     until the members' values have come to it (settleMove), so a key near its limit
-//     loses no admission when its owner leaves gracefully. A member that stops without
-//     a handover (killed) still costs that wait.
+//     it is gone (and every other member a handover with nothing in it), and leaves.
+//     A member that has its handover takes it for no owner from then on, before its
+//     Leave arrives (updateOwners): the new owner grants at once, rather than refuse
+//     every request until the members' values have come to it (settleMove), so a key
+//     near its limit loses no admission when its owner leaves gracefully. The leaver
+//     answers no more requests for room, and forwards those that still reach it to the
+//     keys' next owners. A member that stops without a handover (killed) still costs
+//     that wait.
 //
 //   - A member that answered for a newcomer's keys (handing) hands them to it when it
 //     stops answering; one that answered for none tells it so at once (a handover with
@@ -307,6 +310,9 @@ func (c *Cluster) ownerWithout(bucket, id string, names []string, name string) s
 
 // receiveHandover takes a handover (takeHandover) and notes that the member handed over
 // what it knew: the keys it answered for are this node's to grant from (owners.owns).
+// A member that hands its keys over to leave is no owner from then on, though its Leave
+// has not arrived (updateOwners), for at most leaveTimeout: its next owners answer for
+// its keys at once, and it forwards them the requests of the members it has not reached.
 func (c *Cluster) receiveHandover(b []byte) {
 	h, err := decodeHandover(b)
 	if err != nil {
@@ -318,6 +324,18 @@ func (c *Cluster) receiveHandover(b []byte) {
 	c.ownersMu.Lock()
 	c.owners.noteHandover(nodeName(h.from), h.leaving, now)
 	c.ownersMu.Unlock()
+	if h.leaving {
+		c.membersMu.Lock()
+		c.updateOwners()
+		c.membersMu.Unlock()
+		// Listed still when that has passed (it came back at once, or its Leave never
+		// reached this node), it owns its keys again.
+		time.AfterFunc(leaveTimeout+time.Millisecond, func() {
+			c.membersMu.Lock()
+			c.updateOwners()
+			c.membersMu.Unlock()
+		})
+	}
 }
 
 // noteHandover notes that the member named handed over its keys at now, leaving the

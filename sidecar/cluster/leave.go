@@ -5,8 +5,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/hashicorp/memberlist"
-
 	"github.com/converger/edge/sidecar/limiter"
 )
 
@@ -26,8 +24,9 @@ const (
 // current windows it holds as its own goes to every live member over TCP (handoff), at
 // most handoffTimeout in all, and in owner replication what it knew of the keys it owns
 // goes to their next owners (handover.go), after which it answers no more requests for
-// room; then memberlist's Leave tells them it left, so they stop counting it as a member
-// at once rather than after the suspicion timeout.
+// room but forwards them to the keys' next owners, which answer from the moment they
+// have its handover; then memberlist's Leave tells them it left, so they stop counting
+// it as a member at once rather than after the suspicion timeout.
 func (c *Cluster) Stop() {
 	c.stopOnce.Do(func() {
 		c.leaving.Store(true)
@@ -102,9 +101,12 @@ func (c *Cluster) handoff(timeout time.Duration) {
 			}
 			return ownerOf(bucket, id, rest)
 		}
-		for to, byOrigin := range c.slots.handover(env, true, dest) {
-			if i := slices.IndexFunc(peers, func(n memberlist.Node) bool { return n.Name == to }); i >= 0 && takesHandover(peers[i].Meta) {
-				msgs[to] = append(msgs[to], packHandover(now, c.origin, true, byOrigin)...)
+		parts := c.slots.handover(env, true, dest)
+		for _, n := range peers {
+			// Every member is told, with nothing in it if it is next to own none of
+			// this node's keys with a count: each stops taking this node for an owner.
+			if takesHandover(n.Meta) {
+				msgs[n.Name] = append(msgs[n.Name], packHandover(now, c.origin, true, parts[n.Name])...)
 			}
 		}
 	}
@@ -131,6 +133,9 @@ func (c *Cluster) handoff(timeout time.Duration) {
 				}
 				c.m.messages.WithLabelValues("sent").Inc()
 				c.m.bytes.WithLabelValues("sent").Add(float64(len(msg)))
+			}
+			if rest != nil && takesHandover(n.Meta) {
+				c.handedOff.Store(n.Name, struct{}{}) // its handover was the last
 			}
 			mu.Lock()
 			reached++
