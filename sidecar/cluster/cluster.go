@@ -570,19 +570,21 @@ func (c *Cluster) send(n *memberlist.Node, kind string, msg []byte) bool {
 
 // shareEnv is share mode's view of the membership at time now.
 func (c *Cluster) shareEnv(now int64) shareEnv {
+	c.ownersMu.Lock()
+	o := c.owners
+	c.ownersMu.Unlock()
 	c.membersMu.Lock()
 	live := make(map[string]bool, len(c.members))
 	for name := range c.members {
-		live[name] = name != c.cfg.NodeName
+		// A member that handed its keys over to leave counts no more (handover.go):
+		// what it counted is all it holds, though its Leave has not come yet.
+		live[name] = name != c.cfg.NodeName && !o.handedToLeave(name, now)
 	}
 	c.membersMu.Unlock()
 	env := shareEnv{
 		now: now, intervalMS: max(c.cfg.SyncInterval.Milliseconds(), 1),
 		live: func(name string) bool { return live[name] }, members: max(len(live), 1),
 	}
-	c.ownersMu.Lock()
-	o := c.owners
-	c.ownersMu.Unlock()
 	env.self, env.waitMS = c.cfg.NodeName, max(c.cfg.GrantWait.Milliseconds(), 0)
 	if o.names != nil {
 		env.grants, env.grantMax, env.relay, env.names = o.grants, o.maxLimit, o.relay, o.names
@@ -611,7 +613,7 @@ func (c *Cluster) updateOwners() {
 	grants, relay := c.grantsOn(), !c.cfg.Broadcast
 	maxLimit := c.cfg.GrantMaxLimit
 	c.ownersMu.Lock()
-	left := c.owners.leftAfterHandover
+	left := owners{leftAfterHandover: c.owners.leftAfterHandover} // never changed in place
 	c.ownersMu.Unlock()
 	now := c.nowMS()
 	for name, n := range c.members {
@@ -622,7 +624,7 @@ func (c *Cluster) updateOwners() {
 			relay = false
 		}
 		maxLimit = min(maxLimit, announcedGrantMax(n.Meta))
-		if t, ok := left[name]; ok && now < t+leaveTimeout.Milliseconds() {
+		if left.handedToLeave(name, now) {
 			// It handed its keys over to leave: the next owners answer for them from
 			// now on, though its Leave has not reached this node yet (handover.go).
 			continue

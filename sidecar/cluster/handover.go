@@ -368,6 +368,13 @@ func (o *owners) forgetLeave(name string) {
 	o.leftAfterHandover = m
 }
 
+// handedToLeave reports whether the member named, still listed, handed its keys over to
+// leave less than leaveTimeout before now: it owns none and counts no more.
+func (o *owners) handedToLeave(name string, now int64) bool {
+	t, ok := o.leftAfterHandover[name]
+	return ok && now < t+leaveTimeout.Milliseconds()
+}
+
 // handedSince reports whether the member named handed its keys over to this node at or
 // after at.
 func (o *owners) handedSince(name string, at int64) bool {

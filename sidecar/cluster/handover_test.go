@@ -246,3 +246,54 @@ func TestKeysAnsweredWhileTheirOwnerLeaves(t *testing.T) {
 		t.Errorf("b took a for an owner again %d ms after its handover, before leaveTimeout", againAt-handedAt)
 	}
 }
+
+// TestLeaverHoldsNothingOnceHandedOver: a member that counted a key in the window before
+// hands its keys over to leave at the start of a window, its Leave late. It counts no
+// more: the key's owner does not keep for it what it counted before (as it does for a
+// member not heard from yet in a window), and the whole limit is the others' at once.
+func TestLeaverHoldsNothingOnceHandedOver(t *testing.T) {
+	a := startGrantNode(t, "a", false)
+	b := startGrantNode(t, "b", false, a)
+	c := startGrantNode(t, "c", false, a)
+	all := []string{"a", "b", "c"}
+	for _, n := range []*Cluster{a, b, c} {
+		waitOwners(t, n, "settled", func(o *owners, now int64) bool {
+			return len(o.names) == 3 && o.relay && now >= o.startedAt+o.settleStart && now >= o.changedAt+o.settleMove
+		})
+	}
+	id := keyOwned(all, "b", "c")
+	lim := limiter.Limit{Count: 10, Window: 3 * time.Second}
+	size := lim.Window.Milliseconds()
+	// a counts in one window, and leaves at the start of the next.
+	if into := a.lim.NowMS() % size; into > 200 {
+		time.Sleep(time.Duration(size-into+20) * time.Millisecond)
+	}
+	ka := limiter.Key{Bucket: a.lim.Bucket("token_create"), ID: id}
+	for i := range 6 {
+		if !a.lim.Check(ka, 1, lim).Allowed {
+			t.Fatalf("a's check %d refused", i+1)
+		}
+	}
+	time.Sleep(time.Duration(size-a.lim.NowMS()%size+5) * time.Millisecond)
+	start := a.lim.NowMS()
+	a.stopOnce.Do(func() {
+		a.leaving.Store(true)
+		close(a.stop)
+		a.wg.Wait()
+		a.handoff(handoffTimeout)
+	})
+	t.Cleanup(func() { _ = a.ml.Shutdown() })
+	waitOwners(t, b, "handed a's keys", func(o *owners, now int64) bool { return o.handedToLeave("a", now) })
+	k := limiter.Key{Bucket: c.lim.Bucket("token_create"), ID: id}
+	for i := range int(lim.Count) {
+		if !c.lim.Check(k, 1, lim).Allowed {
+			t.Fatalf("c's check %d of %d refused, %d ms into the window a left at its start", i+1, lim.Count, c.lim.NowMS()-start)
+		}
+	}
+	if end := c.lim.NowMS(); end/size != start/size {
+		t.Skipf("the checks ran into the next window (%d ms): the test measured nothing", end-start)
+	}
+	if c.lim.Check(k, 1, lim).Allowed {
+		t.Errorf("c's check %d allowed, over the limit", lim.Count+1)
+	}
+}
