@@ -964,7 +964,8 @@ func (c *Cluster) Debug(bucket, key string) DebugCounter {
 type delegate Cluster
 
 // NodeMeta announces the newest sync message version this node reads, whether it asks
-// and answers grants, and the largest limit it runs them for.
+// and answers grants, the largest limit it runs them for, and its incarnation (the
+// part of its origin after its name).
 func (d *delegate) NodeMeta(int) []byte {
 	features := featureViewQuery
 	if d.c().grantsOn() {
@@ -973,7 +974,28 @@ func (d *delegate) NodeMeta(int) []byte {
 	if !d.c().cfg.Broadcast {
 		features |= featureRelay | featureHandover
 	}
-	return binary.AppendUvarint([]byte{version, features}, uint64(d.c().cfg.GrantMaxLimit))
+	meta := binary.AppendUvarint([]byte{version, features}, uint64(d.c().cfg.GrantMaxLimit))
+	return append(meta, d.c().origin[len(d.c().cfg.NodeName)+1:]...)
+}
+
+// announcedOrigin is the origin of the member named that its metadata announces ("": it
+// does not say, an earlier release).
+func announcedOrigin(name string, meta []byte) string {
+	if len(meta) < 3 {
+		return ""
+	}
+	_, n := binary.Uvarint(meta[2:])
+	if n <= 0 {
+		return ""
+	}
+	inc := meta[2+n:]
+	if len(inc) == 0 || len(inc) > 32 {
+		return ""
+	}
+	if _, err := hex.DecodeString(string(inc)); err != nil {
+		return ""
+	}
+	return name + "#" + string(inc)
 }
 
 // announcedGrantMax is the largest limit a member's metadata says it runs the grants
@@ -1217,6 +1239,7 @@ func (e *events) NotifyJoin(n *memberlist.Node) {
 	c.members[n.Name] = copyNode(n)
 	_, back := c.gone[n.Name]
 	delete(c.gone, n.Name)
+	c.noteIncarnation(n)
 	c.ownersMu.Lock()
 	c.owners.forgetLeave(n.Name)
 	c.ownersMu.Unlock()
@@ -1257,9 +1280,20 @@ func (e *events) NotifyUpdate(n *memberlist.Node) {
 	c.membersMu.Lock()
 	if _, ok := c.members[n.Name]; ok {
 		c.members[n.Name] = copyNode(n)
+		c.noteIncarnation(n)
 		c.updateOwners()
 	}
 	c.membersMu.Unlock()
+}
+
+// noteIncarnation takes the origin a member announces for its current incarnation: a
+// member that came back (restarted) is known for its new self at once, so that what
+// its earlier incarnation counted in the window before is not taken for what it may
+// hold now (share.go), before it has sent this node anything.
+func (c *Cluster) noteIncarnation(n *memberlist.Node) {
+	if o := announcedOrigin(n.Name, n.Meta); o != "" && n.Name != c.cfg.NodeName {
+		c.slots.sawDirect(o)
+	}
 }
 
 // copyNode copies a member, with its metadata.

@@ -297,3 +297,50 @@ func TestLeaverHoldsNothingOnceHandedOver(t *testing.T) {
 		t.Errorf("c's check %d allowed, over the limit", lim.Count+1)
 	}
 }
+
+// TestRestartedMemberIsKnownForItsNewSelfAtOnce: a member that counted a key in the window
+// before restarts (a new incarnation, the same name) at the start of a window. The key's
+// owner takes the earlier incarnation for gone the moment the new one joins, from its
+// metadata, rather than keep for it what it counted before until the new one sends it
+// something, and the others get the whole limit.
+func TestRestartedMemberIsKnownForItsNewSelfAtOnce(t *testing.T) {
+	a := startGrantNode(t, "a", false)
+	b := startGrantNode(t, "b", false, a)
+	c := startGrantNode(t, "c", false, a)
+	all := []string{"a", "b", "c"}
+	for _, n := range []*Cluster{a, b, c} {
+		waitOwners(t, n, "settled", func(o *owners, now int64) bool {
+			return len(o.names) == 3 && o.relay && now >= o.startedAt+o.settleStart && now >= o.changedAt+o.settleMove
+		})
+	}
+	id := keyOwned(all, "b", "c")
+	lim := limiter.Limit{Count: 10, Window: 3 * time.Second}
+	size := lim.Window.Milliseconds()
+	if into := a.lim.NowMS() % size; into > 200 {
+		time.Sleep(time.Duration(size-into+20) * time.Millisecond)
+	}
+	ka := limiter.Key{Bucket: a.lim.Bucket("token_create"), ID: id}
+	for i := range 6 {
+		if !a.lim.Check(ka, 1, lim).Allowed {
+			t.Fatalf("a's check %d refused", i+1)
+		}
+	}
+	a.Stop()
+	waitOwners(t, b, "without a", func(o *owners, _ int64) bool { return !slices.Contains(o.names, "a") })
+	time.Sleep(time.Duration(size-b.lim.NowMS()%size+5) * time.Millisecond)
+	start := b.lim.NowMS()
+	a2 := startGrantNode(t, "a", false, b, c)
+	waitOwners(t, b, "with a again", func(o *owners, _ int64) bool { return slices.Contains(o.names, "a") })
+	k := limiter.Key{Bucket: c.lim.Bucket("token_create"), ID: id}
+	for i := range int(lim.Count) {
+		if !c.lim.Check(k, 1, lim).Allowed {
+			t.Fatalf("c's check %d of %d refused, %d ms into the window a came back in (as %s)", i+1, lim.Count, c.lim.NowMS()-start, a2.origin)
+		}
+	}
+	if end := c.lim.NowMS(); end/size != start/size {
+		t.Skipf("the checks ran into the next window (%d ms): the test measured nothing", end-start)
+	}
+	if c.lim.Check(k, 1, lim).Allowed {
+		t.Errorf("c's check %d allowed, over the limit", lim.Count+1)
+	}
+}
