@@ -104,15 +104,8 @@ func heldFor(c *Cluster, id, member string) uint32 {
 // from the moment it sees the owner gone, rather than settleMove later, and holds what
 // the owner had granted a third member.
 func TestHandoverOnLeave(t *testing.T) {
-	a := startGrantNode(t, "a", false)
-	b := startGrantNode(t, "b", false, a)
-	c := startGrantNode(t, "c", false, a)
+	a, b, c := settledTrio(t)
 	all := []string{"a", "b", "c"}
-	for _, n := range []*Cluster{a, b, c} {
-		waitOwners(t, n, "settled", func(o *owners, now int64) bool {
-			return len(o.names) == 3 && o.relay && now >= o.startedAt+o.settleStart && now >= o.changedAt+o.settleMove
-		})
-	}
 	id := keyOwned(all, "a", "b")
 	lim := limiter.Limit{Count: 10, Window: time.Hour}
 	if left := lim.Window.Milliseconds() - a.lim.NowMS()%lim.Window.Milliseconds(); left < 20_000 {
@@ -187,15 +180,8 @@ func TestNewcomerOwnsOnceHandedOver(t *testing.T) {
 // key are answered all the same, by the member that owns it next, rather than left
 // unanswered until the Leave arrives.
 func TestKeysAnsweredWhileTheirOwnerLeaves(t *testing.T) {
-	a := startGrantNode(t, "a", false)
-	b := startGrantNode(t, "b", false, a)
-	c := startGrantNode(t, "c", false, a)
+	a, b, c := settledTrio(t)
 	all := []string{"a", "b", "c"}
-	for _, n := range []*Cluster{a, b, c} {
-		waitOwners(t, n, "settled", func(o *owners, now int64) bool {
-			return len(o.names) == 3 && o.relay && now >= o.startedAt+o.settleStart && now >= o.changedAt+o.settleMove
-		})
-	}
 	id := keyOwned(all, "a", "b")
 	lim := limiter.Limit{Count: 10, Window: time.Hour}
 	if left := lim.Window.Milliseconds() - a.lim.NowMS()%lim.Window.Milliseconds(); left < 20_000 {
@@ -247,35 +233,76 @@ func TestKeysAnsweredWhileTheirOwnerLeaves(t *testing.T) {
 	}
 }
 
-// TestLeaverHoldsNothingOnceHandedOver: a member that counted a key in the window before
-// hands its keys over to leave at the start of a window, its Leave late. It counts no
-// more: the key's owner does not keep for it what it counted before (as it does for a
-// member not heard from yet in a window), and the whole limit is the others' at once.
-func TestLeaverHoldsNothingOnceHandedOver(t *testing.T) {
-	a := startGrantNode(t, "a", false)
-	b := startGrantNode(t, "b", false, a)
-	c := startGrantNode(t, "c", false, a)
-	all := []string{"a", "b", "c"}
+// settledTrio starts three nodes, a, b and c, with share mode and the grants in owner
+// replication, and waits until each owns its keys.
+func settledTrio(t *testing.T) (a, b, c *Cluster) {
+	t.Helper()
+	a = startGrantNode(t, "a", false)
+	b = startGrantNode(t, "b", false, a)
+	c = startGrantNode(t, "c", false, a)
 	for _, n := range []*Cluster{a, b, c} {
 		waitOwners(t, n, "settled", func(o *owners, now int64) bool {
 			return len(o.names) == 3 && o.relay && now >= o.startedAt+o.settleStart && now >= o.changedAt+o.settleMove
 		})
 	}
-	id := keyOwned(all, "b", "c")
-	lim := limiter.Limit{Count: 10, Window: 3 * time.Second}
-	size := lim.Window.Milliseconds()
-	// a counts in one window, and leaves at the start of the next.
-	if into := a.lim.NowMS() % size; into > 200 {
+	return a, b, c
+}
+
+// trioLimit is the limit of the tests of a member gone at a window's start.
+var trioLimit = limiter.Limit{Count: 10, Window: 3 * time.Second}
+
+// countsAWindowBefore has n count 6 hits of key id of token_create at the start of a
+// window of trioLimit.
+func countsAWindowBefore(t *testing.T, n *Cluster, id string) {
+	t.Helper()
+	size := trioLimit.Window.Milliseconds()
+	if into := n.lim.NowMS() % size; into > 200 {
 		time.Sleep(time.Duration(size-into+20) * time.Millisecond)
 	}
-	ka := limiter.Key{Bucket: a.lim.Bucket("token_create"), ID: id}
+	k := limiter.Key{Bucket: n.lim.Bucket("token_create"), ID: id}
 	for i := range 6 {
-		if !a.lim.Check(ka, 1, lim).Allowed {
-			t.Fatalf("a's check %d refused", i+1)
+		if !n.lim.Check(k, 1, trioLimit).Allowed {
+			t.Fatalf("%s's check %d refused", n.cfg.NodeName, i+1)
 		}
 	}
-	time.Sleep(time.Duration(size-a.lim.NowMS()%size+5) * time.Millisecond)
-	start := a.lim.NowMS()
+}
+
+// nextWindow sleeps until just after the next window of trioLimit starts, and returns
+// then.
+func nextWindow(n *Cluster) int64 {
+	size := trioLimit.Window.Milliseconds()
+	time.Sleep(time.Duration(size-n.lim.NowMS()%size+5) * time.Millisecond)
+	return n.lim.NowMS()
+}
+
+// takesTheLimit checks that n is allowed the whole of trioLimit on key id of token_create
+// in the window that started at start, and no more; what says what happened there.
+func takesTheLimit(t *testing.T, n *Cluster, id string, start int64, what string) {
+	t.Helper()
+	size := trioLimit.Window.Milliseconds()
+	k := limiter.Key{Bucket: n.lim.Bucket("token_create"), ID: id}
+	for i := range int(trioLimit.Count) {
+		if !n.lim.Check(k, 1, trioLimit).Allowed {
+			t.Fatalf("%s's check %d of %d refused, %d ms into the window %s", n.cfg.NodeName, i+1, trioLimit.Count, n.lim.NowMS()-start, what)
+		}
+	}
+	if end := n.lim.NowMS(); end/size != start/size {
+		t.Skipf("the checks ran into the next window (%d ms): the test measured nothing", end-start)
+	}
+	if n.lim.Check(k, 1, trioLimit).Allowed {
+		t.Errorf("%s's check %d allowed, over the limit", n.cfg.NodeName, trioLimit.Count+1)
+	}
+}
+
+// TestLeaverHoldsNothingOnceHandedOver: a member that counted a key in the window before
+// hands its keys over to leave at the start of a window, its Leave late. It counts no
+// more: the key's owner does not keep for it what it counted before (as it does for a
+// member not heard from yet in a window), and the whole limit is the others' at once.
+func TestLeaverHoldsNothingOnceHandedOver(t *testing.T) {
+	a, b, c := settledTrio(t)
+	id := keyOwned([]string{"a", "b", "c"}, "b", "c")
+	countsAWindowBefore(t, a, id)
+	start := nextWindow(a)
 	a.stopOnce.Do(func() {
 		a.leaving.Store(true)
 		close(a.stop)
@@ -284,18 +311,7 @@ func TestLeaverHoldsNothingOnceHandedOver(t *testing.T) {
 	})
 	t.Cleanup(func() { _ = a.ml.Shutdown() })
 	waitOwners(t, b, "handed a's keys", func(o *owners, now int64) bool { return o.handedToLeave("a", now) })
-	k := limiter.Key{Bucket: c.lim.Bucket("token_create"), ID: id}
-	for i := range int(lim.Count) {
-		if !c.lim.Check(k, 1, lim).Allowed {
-			t.Fatalf("c's check %d of %d refused, %d ms into the window a left at its start", i+1, lim.Count, c.lim.NowMS()-start)
-		}
-	}
-	if end := c.lim.NowMS(); end/size != start/size {
-		t.Skipf("the checks ran into the next window (%d ms): the test measured nothing", end-start)
-	}
-	if c.lim.Check(k, 1, lim).Allowed {
-		t.Errorf("c's check %d allowed, over the limit", lim.Count+1)
-	}
+	takesTheLimit(t, c, id, start, "a left at its start")
 }
 
 // TestRestartedMemberIsKnownForItsNewSelfAtOnce: a member that counted a key in the window
@@ -304,43 +320,13 @@ func TestLeaverHoldsNothingOnceHandedOver(t *testing.T) {
 // metadata, rather than keep for it what it counted before until the new one sends it
 // something, and the others get the whole limit.
 func TestRestartedMemberIsKnownForItsNewSelfAtOnce(t *testing.T) {
-	a := startGrantNode(t, "a", false)
-	b := startGrantNode(t, "b", false, a)
-	c := startGrantNode(t, "c", false, a)
-	all := []string{"a", "b", "c"}
-	for _, n := range []*Cluster{a, b, c} {
-		waitOwners(t, n, "settled", func(o *owners, now int64) bool {
-			return len(o.names) == 3 && o.relay && now >= o.startedAt+o.settleStart && now >= o.changedAt+o.settleMove
-		})
-	}
-	id := keyOwned(all, "b", "c")
-	lim := limiter.Limit{Count: 10, Window: 3 * time.Second}
-	size := lim.Window.Milliseconds()
-	if into := a.lim.NowMS() % size; into > 200 {
-		time.Sleep(time.Duration(size-into+20) * time.Millisecond)
-	}
-	ka := limiter.Key{Bucket: a.lim.Bucket("token_create"), ID: id}
-	for i := range 6 {
-		if !a.lim.Check(ka, 1, lim).Allowed {
-			t.Fatalf("a's check %d refused", i+1)
-		}
-	}
+	a, b, c := settledTrio(t)
+	id := keyOwned([]string{"a", "b", "c"}, "b", "c")
+	countsAWindowBefore(t, a, id)
 	a.Stop()
 	waitOwners(t, b, "without a", func(o *owners, _ int64) bool { return !slices.Contains(o.names, "a") })
-	time.Sleep(time.Duration(size-b.lim.NowMS()%size+5) * time.Millisecond)
-	start := b.lim.NowMS()
+	start := nextWindow(b)
 	a2 := startGrantNode(t, "a", false, b, c)
 	waitOwners(t, b, "with a again", func(o *owners, _ int64) bool { return slices.Contains(o.names, "a") })
-	k := limiter.Key{Bucket: c.lim.Bucket("token_create"), ID: id}
-	for i := range int(lim.Count) {
-		if !c.lim.Check(k, 1, lim).Allowed {
-			t.Fatalf("c's check %d of %d refused, %d ms into the window a came back in (as %s)", i+1, lim.Count, c.lim.NowMS()-start, a2.origin)
-		}
-	}
-	if end := c.lim.NowMS(); end/size != start/size {
-		t.Skipf("the checks ran into the next window (%d ms): the test measured nothing", end-start)
-	}
-	if c.lim.Check(k, 1, lim).Allowed {
-		t.Errorf("c's check %d allowed, over the limit", lim.Count+1)
-	}
+	takesTheLimit(t, c, id, start, "a came back in (as "+a2.origin+")")
 }
