@@ -100,6 +100,36 @@ func heldFor(c *Cluster, id, member string) uint32 {
 	return h
 }
 
+// countsThreeOfAnHour has n count 3 hits of key id of token_create, of 10 an hour,
+// far from the hour's end, and returns the key and the limit.
+func countsThreeOfAnHour(t *testing.T, n *Cluster, id string) (limiter.Key, limiter.Limit) {
+	t.Helper()
+	lim := limiter.Limit{Count: 10, Window: time.Hour}
+	if left := lim.Window.Milliseconds() - n.lim.NowMS()%lim.Window.Milliseconds(); left < 20_000 {
+		time.Sleep(time.Duration(left+100) * time.Millisecond)
+	}
+	k := limiter.Key{Bucket: n.lim.Bucket("token_create"), ID: id}
+	for i := range 3 {
+		if !n.lim.Check(k, 1, lim).Allowed {
+			t.Fatalf("%s's check %d refused", n.cfg.NodeName, i+1)
+		}
+	}
+	return k, lim
+}
+
+// handOffWithoutLeave stops n as Stop does, but its Leave is not sent: it is still
+// listed.
+func handOffWithoutLeave(t *testing.T, n *Cluster) {
+	t.Helper()
+	n.stopOnce.Do(func() {
+		n.leaving.Store(true)
+		close(n.stop)
+		n.wg.Wait()
+		n.handoff(handoffTimeout)
+	})
+	t.Cleanup(func() { _ = n.ml.Shutdown() })
+}
+
 // TestHandoverOnLeave: the owner of a key stops; the member that owns it next grants
 // from the moment it sees the owner gone, rather than settleMove later, and holds what
 // the owner had granted a third member.
@@ -107,16 +137,7 @@ func TestHandoverOnLeave(t *testing.T) {
 	a, b, c := settledTrio(t)
 	all := []string{"a", "b", "c"}
 	id := keyOwned(all, "a", "b")
-	lim := limiter.Limit{Count: 10, Window: time.Hour}
-	if left := lim.Window.Milliseconds() - a.lim.NowMS()%lim.Window.Milliseconds(); left < 20_000 {
-		time.Sleep(time.Duration(left+100) * time.Millisecond)
-	}
-	k := limiter.Key{Bucket: c.lim.Bucket("token_create"), ID: id}
-	for i := range 3 {
-		if !c.lim.Check(k, 1, lim).Allowed {
-			t.Fatalf("c's check %d refused", i+1)
-		}
-	}
+	countsThreeOfAnHour(t, c, id)
 	a.Stop()
 	waitOwners(t, b, "without a", func(o *owners, _ int64) bool { return !slices.Contains(o.names, "a") })
 	b.ownersMu.Lock()
@@ -183,24 +204,8 @@ func TestKeysAnsweredWhileTheirOwnerLeaves(t *testing.T) {
 	a, b, c := settledTrio(t)
 	all := []string{"a", "b", "c"}
 	id := keyOwned(all, "a", "b")
-	lim := limiter.Limit{Count: 10, Window: time.Hour}
-	if left := lim.Window.Milliseconds() - a.lim.NowMS()%lim.Window.Milliseconds(); left < 20_000 {
-		time.Sleep(time.Duration(left+100) * time.Millisecond)
-	}
-	k := limiter.Key{Bucket: c.lim.Bucket("token_create"), ID: id}
-	for i := range 3 {
-		if !c.lim.Check(k, 1, lim).Allowed {
-			t.Fatalf("c's check %d refused", i+1)
-		}
-	}
-	// a stops as Stop does, but its Leave is not sent: it is still listed.
-	a.stopOnce.Do(func() {
-		a.leaving.Store(true)
-		close(a.stop)
-		a.wg.Wait()
-		a.handoff(handoffTimeout)
-	})
-	t.Cleanup(func() { _ = a.ml.Shutdown() })
+	k, lim := countsThreeOfAnHour(t, c, id)
+	handOffWithoutLeave(t, a)
 	var handedAt int64
 	waitOwners(t, b, "handed a's keys", func(o *owners, _ int64) bool {
 		handedAt = o.leftAfterHandover["a"]
@@ -303,13 +308,7 @@ func TestLeaverHoldsNothingOnceHandedOver(t *testing.T) {
 	id := keyOwned([]string{"a", "b", "c"}, "b", "c")
 	countsAWindowBefore(t, a, id)
 	start := nextWindow(a)
-	a.stopOnce.Do(func() {
-		a.leaving.Store(true)
-		close(a.stop)
-		a.wg.Wait()
-		a.handoff(handoffTimeout)
-	})
-	t.Cleanup(func() { _ = a.ml.Shutdown() })
+	handOffWithoutLeave(t, a)
 	waitOwners(t, b, "handed a's keys", func(o *owners, now int64) bool { return o.handedToLeave("a", now) })
 	takesTheLimit(t, c, id, start, "a left at its start")
 }
