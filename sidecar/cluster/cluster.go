@@ -978,18 +978,24 @@ func (d *delegate) NodeMeta(int) []byte {
 	return append(meta, d.c().origin[len(d.c().cfg.NodeName)+1:]...)
 }
 
+// metaGrantMax parses the grant limit of a member's metadata, after its version and
+// features, and returns it with the bytes after it; ok is false when it has none.
+func metaGrantMax(meta []byte) (v uint64, rest []byte, ok bool) {
+	if len(meta) < 3 {
+		return 0, nil, false
+	}
+	v, n := binary.Uvarint(meta[2:])
+	if n <= 0 {
+		return 0, nil, false
+	}
+	return v, meta[2+n:], true
+}
+
 // announcedOrigin is the origin of the member named that its metadata announces ("": it
 // does not say, an earlier release).
 func announcedOrigin(name string, meta []byte) string {
-	if len(meta) < 3 {
-		return ""
-	}
-	_, n := binary.Uvarint(meta[2:])
-	if n <= 0 {
-		return ""
-	}
-	inc := meta[2+n:]
-	if len(inc) == 0 || len(inc) > 32 {
+	_, inc, ok := metaGrantMax(meta)
+	if !ok || len(inc) == 0 || len(inc) > 32 {
 		return ""
 	}
 	if _, err := hex.DecodeString(string(inc)); err != nil {
@@ -1001,11 +1007,8 @@ func announcedOrigin(name string, meta []byte) string {
 // announcedGrantMax is the largest limit a member's metadata says it runs the grants
 // for; a member that does not say (an earlier release) runs them for every limit.
 func announcedGrantMax(meta []byte) uint32 {
-	if len(meta) < 3 {
-		return math.MaxUint32
-	}
-	v, n := binary.Uvarint(meta[2:])
-	if n <= 0 || v == 0 {
+	v, _, ok := metaGrantMax(meta)
+	if !ok || v == 0 {
 		return math.MaxUint32
 	}
 	return uint32(min(v, math.MaxUint32))

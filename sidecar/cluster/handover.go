@@ -325,16 +325,15 @@ func (c *Cluster) receiveHandover(b []byte) {
 	c.owners.noteHandover(nodeName(h.from), h.leaving, now)
 	c.ownersMu.Unlock()
 	if h.leaving {
-		c.membersMu.Lock()
-		c.updateOwners()
-		c.membersMu.Unlock()
-		// Listed still when that has passed (it came back at once, or its Leave never
-		// reached this node), it owns its keys again.
-		time.AfterFunc(leaveTimeout+time.Millisecond, func() {
+		reown := func() {
 			c.membersMu.Lock()
 			c.updateOwners()
 			c.membersMu.Unlock()
-		})
+		}
+		reown()
+		// Listed still when that has passed (it came back at once, or its Leave never
+		// reached this node), it owns its keys again.
+		time.AfterFunc(leaveTimeout+time.Millisecond, reown)
 	}
 }
 
