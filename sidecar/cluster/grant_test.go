@@ -4,6 +4,8 @@ import (
 	"encoding/binary"
 	"fmt"
 	"math"
+	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -284,6 +286,32 @@ func TestGrantMaxLimitIsTheSmallestAnnounced(t *testing.T) {
 		if got := announcedGrantMax(c.meta); got != c.want {
 			t.Errorf("announcedGrantMax(%x) = %d, want %d", c.meta, got, c.want)
 		}
+	}
+}
+
+// TestAnnouncedOrigin: a member's metadata ends with its incarnation; metadata of an
+// earlier release, cut short or with anything but a short hex tail announces none.
+func TestAnnouncedOrigin(t *testing.T) {
+	head := binary.AppendUvarint([]byte{version, featureGrants}, 100)
+	for _, c := range []struct {
+		meta []byte
+		want string
+	}{
+		{append(slices.Clone(head), "0a1b2c3d4e5f6071"...), "n1#0a1b2c3d4e5f6071"},
+		{head, ""}, // an earlier release
+		{[]byte{version, featureGrants}, ""},
+		{[]byte{version, featureGrants, 0x80, 'a', 'b'}, ""}, // a grant limit cut short
+		{append(slices.Clone(head), "zz"...), ""},
+		{append(slices.Clone(head), "\xff\xfe"...), ""},
+		{append(slices.Clone(head), strings.Repeat("ab", 17)...), ""}, // too long
+	} {
+		if got := announcedOrigin("n1", c.meta); got != c.want {
+			t.Errorf("announcedOrigin(%x) = %q, want %q", c.meta, got, c.want)
+		}
+	}
+	c := startGrantNode(t, "a", false)
+	if got := announcedOrigin("a", (*delegate)(c).NodeMeta(512)); got != c.origin {
+		t.Errorf("a node's metadata announces %q, its origin is %q", got, c.origin)
 	}
 }
 
