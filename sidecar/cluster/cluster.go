@@ -585,6 +585,9 @@ func (c *Cluster) shareEnv(now int64) shareEnv {
 		now: now, intervalMS: max(c.cfg.SyncInterval.Milliseconds(), 1),
 		live: func(name string) bool { return live[name] }, members: max(len(live), 1),
 	}
+	if len(o.leftOrigins) > 0 {
+		env.left = o.originLeft
+	}
 	env.self, env.waitMS = c.cfg.NodeName, max(c.cfg.GrantWait.Milliseconds(), 0)
 	if o.names != nil {
 		env.grants, env.grantMax, env.relay, env.names = o.grants, o.maxLimit, o.relay, o.names

@@ -97,8 +97,9 @@ type owners struct {
 	// (handover.go); never changed in place. joiners holds, by name, the members that
 	// joined since this node last handed them over the keys it answered for (handover.go).
 	// leftAfterHandover holds the members that handed their keys over to leave, and
-	// when; never changed in place.
-	handedOver, leftAfterHandover map[string]int64
+	// when; never changed in place. leftOrigins holds their incarnations (origins): each
+	// counts no more, and what it counted is final.
+	handedOver, leftAfterHandover, leftOrigins map[string]int64
 	// handedTo holds, by name, when this node last handed a member its keys; never
 	// changed in place.
 	handedTo map[string]int64

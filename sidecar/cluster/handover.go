@@ -322,7 +322,7 @@ func (c *Cluster) receiveHandover(b []byte) {
 	now := c.nowMS()
 	c.m.stale.Add(float64(c.rep.takeHandover(h.msgs, c.shareEnv(now))))
 	c.ownersMu.Lock()
-	c.owners.noteHandover(nodeName(h.from), h.leaving, now)
+	c.owners.noteHandover(h.from, h.leaving, now)
 	c.ownersMu.Unlock()
 	if h.leaving {
 		reown := func() {
@@ -337,23 +337,33 @@ func (c *Cluster) receiveHandover(b []byte) {
 	}
 }
 
-// noteHandover notes that the member named handed over its keys at now, leaving the
-// cluster or not. The maps are replaced, not changed: the owners copied into a shareEnv
-// read them without the lock.
-func (o *owners) noteHandover(name string, leaving bool, now int64) {
-	with := func(old map[string]int64) map[string]int64 {
+// noteHandover notes that the member whose incarnation is origin handed over its keys
+// at now, leaving the cluster or not. The maps are replaced, not changed: the owners
+// copied into a shareEnv read them without the lock.
+func (o *owners) noteHandover(origin string, leaving bool, now int64) {
+	with := func(old map[string]int64, key string) map[string]int64 {
 		m := make(map[string]int64, len(old)+1)
 		if len(old) < maxGone {
 			maps.Copy(m, old)
 		}
-		m[name] = now
+		m[key] = now
 		return m
 	}
+	name := nodeName(origin)
 	if leaving {
-		o.leftAfterHandover = with(o.leftAfterHandover)
+		o.leftAfterHandover = with(o.leftAfterHandover, name)
+		o.leftOrigins = with(o.leftOrigins, origin)
 	} else {
-		o.handedOver = with(o.handedOver)
+		o.handedOver = with(o.handedOver, name)
 	}
+}
+
+// originLeft reports whether origin, a member's incarnation, handed its keys over
+// to leave: it counts no more, and it sent its final counts to the keys' next owners
+// before (leave.go, handoff).
+func (o *owners) originLeft(origin string) bool {
+	_, ok := o.leftOrigins[origin]
+	return ok
 }
 
 // forgetLeave forgets that a member handed its keys over to leave, when it joins again:

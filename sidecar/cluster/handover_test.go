@@ -329,3 +329,42 @@ func TestRestartedMemberIsKnownForItsNewSelfAtOnce(t *testing.T) {
 	waitOwners(t, b, "with a again", func(o *owners, _ int64) bool { return slices.Contains(o.names, "a") })
 	takesTheLimit(t, c, id, start, "a came back in (as "+a2.origin+")")
 }
+
+// TestLeaverHoldsOnlyItsCount: the key's owner holds for a member more than it counted
+// (a grant, or what the key's owner before told it in a handover), and the member hands
+// its keys over to leave. Its count, handed over first, is final: the owner gives the
+// rest of the limit to the others, rather than keep what it had set aside for the
+// member until the window ends.
+func TestLeaverHoldsOnlyItsCount(t *testing.T) {
+	a, b, c := settledTrio(t)
+	id := keyOwned([]string{"a", "b", "c"}, "b", "c")
+	start := nextWindow(a)
+	k := limiter.Key{Bucket: a.lim.Bucket("token_create"), ID: id}
+	for i := range 2 {
+		if !a.lim.Check(k, 1, trioLimit).Allowed {
+			t.Fatalf("a's check %d refused", i+1)
+		}
+	}
+	size := trioLimit.Window.Milliseconds()
+	now := b.nowMS()
+	held := value{bucket: "token_create", id: id, sizeMS: size, endMS: start/size*size + size, count: 2,
+		share: true, capped: true, cap: 8, limit: uint32(trioLimit.Count)}
+	b.rep.takeHandover([]message{{version: version2, sentAt: now, origin: a.origin, values: []value{held}}}, b.shareEnv(now))
+	if h := heldFor(b, id, "a"); h != 8 {
+		t.Fatalf("b holds %d for a, want the 8 handed over", h)
+	}
+	handOffWithoutLeave(t, a)
+	waitOwners(t, b, "handed a's keys", func(o *owners, now int64) bool { return o.handedToLeave("a", now) })
+	k = limiter.Key{Bucket: c.lim.Bucket("token_create"), ID: id}
+	for i := range 8 {
+		if !c.lim.Check(k, 1, trioLimit).Allowed {
+			t.Fatalf("c's check %d of the 8 a left refused, %d ms into the window", i+1, c.lim.NowMS()-start)
+		}
+	}
+	if end := c.lim.NowMS(); end/size != start/size {
+		t.Skipf("the checks ran into the next window (%d ms): the test measured nothing", end-start)
+	}
+	if c.lim.Check(k, 1, trioLimit).Allowed {
+		t.Errorf("c's check 9 allowed: with a's 2, over the limit\nb: %+v\nc: %+v", b.Debug("token_create", id), c.Debug("token_create", id))
+	}
+}

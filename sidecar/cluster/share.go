@@ -553,7 +553,8 @@ func (v shareView) planGrants() sharePlan {
 // counts unbound; the most its bound set before the window began can be (its demand of
 // the last window with the margin) when it has not been heard from in this window; and
 // at least what it was granted lately. A member that left, or an earlier incarnation,
-// holds its count.
+// holds its count, and what it was granted; one that handed its keys over to leave only
+// its count (shareView).
 func (v shareView) holds(n shareNode) int64 {
 	h := n.count
 	if n.live {

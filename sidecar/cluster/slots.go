@@ -376,6 +376,9 @@ type shareEnv struct {
 	// members is the number of live members, this node included.
 	live    func(name string) bool
 	members int
+	// left reports whether an origin (a member's incarnation) handed its keys over to
+	// leave: what it counted is all it holds, whatever it was granted (nil: none did).
+	left func(origin string) bool
 	// grants says every live member runs the owner's grants (grant.go); owns reports
 	// whether this node owns a key now, and may grant from it.
 	grants bool
@@ -552,6 +555,10 @@ func (s *slots) shareView(k limiter.Key, snap limiter.Snapshot, env shareEnv) (v
 			n.count, n.demand = int64(sl.prevDemand), int64(sl.prevDemand)
 		default:
 			continue
+		}
+		if env.left != nil && env.left(origin) {
+			// Its count, handed over before it left, is final.
+			n.live, n.floor = false, 0
 		}
 		if v.limit == 0 {
 			v.limit = int64(sl.limit)
