@@ -16,7 +16,9 @@ import (
 // what nobody holds; n1 and n2 give back what they do not use once idle for two
 // intervals). On 20 more keys n2 starts right after n1, faster than a sync interval:
 // then n2's and n3's checks are only counted and logged when refused, and the window
-// must never go over the limit.
+// must never go over the limit. A check refused because its request for room was
+// answered after the wait (a machine too busy for a loopback round trip in time) is
+// logged, not failed: never more such refusals than requests answered late.
 func TestClusterNoRefusalBelowTheLimit(t *testing.T) {
 	t.Parallel()
 	const keys = 20
@@ -53,48 +55,69 @@ func TestClusterNoRefusalBelowTheLimit(t *testing.T) {
 		})
 	}
 	wg.Wait()
-	var bad []string
-	short, n3short, late := 0, 0, 0
-	for i, g := range got {
-		// n3 takes exactly what is left; n2, 600 ms after n1, should get its 4 (on a
-		// machine slow enough to delay n1's report, one may be refused: counted).
-		want := [3]int{4, 4, 2}
-		if i >= keys && g[1] < 4 {
-			late++
-		}
-		if i < keys {
-			// n1 alone gets its 4, and no window goes over the limit; n2's refusals
-			// and, when n2's refused demand was reported late (a slow machine), one of
-			// n3's are counted, not failed.
-			if g[1] < 4 {
-				short++
-			}
-			if g[2] < min(3, 10-4-g[1]) {
-				n3short++
-			}
-			want = [3]int{4, g[1], min(g[2], 10-4-g[1])}
-		}
-		if g != want {
-			d := n3.debug("token_create", ipOf(i))
-			view, _ := json.Marshal(d)
-			var ownerView []byte
-			for _, n := range nodes {
-				if n.name == d.Owner && n != n3 {
-					ownerView, _ = json.Marshal(n.debug("token_create", ipOf(i)))
-				}
-			}
-			bad = append(bad, fmt.Sprintf("key %d: allowed %v on n1, n2, n3, want %v; n3's /debug/counter: %s; the owner's: %s", i, g, want, view, ownerView))
-		}
-	}
-	t.Logf("n2 right after n1: n2 was refused some of its 4 on %d of %d keys, n3 some of what was left on %d; n2 600 ms after n1: n2 refused some on %d", short, keys, n3short, late)
+	// A request for room answered after the wait leaves the check that waited on it
+	// refused (the wait is a ceiling; on a machine this busy a loopback round trip
+	// sometimes takes longer): each may cost one check below the limit, never more.
+	timedOut := 0.0
 	for _, n := range nodes {
 		var line []string
 		for _, r := range [][2]string{{"asked", "sent"}, {"asked", "granted"}, {"asked", "zero"}, {"asked", "timed_out"}, {"asked", "late"},
 			{"answered_other", "granted"}, {"answered_other", "zero"}, {"answered_self", "granted"}, {"answered_self", "zero"}} {
 			v := n.metric("converger_cluster_share_grants_total", `role="`+r[0]+`"`, `result="`+r[1]+`"`)
 			line = append(line, fmt.Sprintf("%s %s %g", r[0], r[1], v))
+			if r[1] == "timed_out" {
+				timedOut += v
+			}
 		}
 		t.Logf("%s grants: %s", n.name, strings.Join(line, ", "))
+	}
+	var bad, below []string
+	short, n3short, late, refusedBelow := 0, 0, 0, 0
+	for i, g := range got {
+		// n1 alone gets its 4, n2 600 ms after n1 its 4, and n3 exactly what is left of
+		// its 3 (on a machine slow enough to delay n1's report, one of n2's may be
+		// refused: counted).
+		want := [3]int{4, 4, min(3, 10-g[0]-g[1])}
+		if i >= keys && g[1] < 4 {
+			late++
+		}
+		if i < keys {
+			// n2 right after n1: n2's refusals and, when n2's refused demand was
+			// reported late (a slow machine), n3's are counted, not failed; the window
+			// never goes over the limit.
+			if g[1] < 4 {
+				short++
+			}
+			if g[2] < want[2] {
+				n3short++
+			}
+			want[1], want[2] = g[1], min(g[2], want[2])
+		}
+		if g == want {
+			continue
+		}
+		d := n3.debug("token_create", ipOf(i))
+		view, _ := json.Marshal(d)
+		var ownerView []byte
+		for _, n := range nodes {
+			if n.name == d.Owner && n != n3 {
+				ownerView, _ = json.Marshal(n.debug("token_create", ipOf(i)))
+			}
+		}
+		line := fmt.Sprintf("key %d: allowed %v on n1, n2, n3, want %v; n3's /debug/counter: %s; the owner's: %s", i, g, want, view, ownerView)
+		if g[0] <= want[0] && g[1] <= want[1] && g[2] <= want[2] {
+			refusedBelow += want[0] + want[1] + want[2] - g[0] - g[1] - g[2]
+			below = append(below, line)
+			continue
+		}
+		bad = append(bad, line)
+	}
+	t.Logf("n2 right after n1: n2 was refused some of its 4 on %d of %d keys, n3 some of what was left on %d; n2 600 ms after n1: n2 refused some on %d", short, keys, n3short, late)
+	if len(below) > 0 {
+		t.Logf("%d checks refused below the limit on %d keys, with %g requests for room answered after the wait:\n%s", refusedBelow, len(below), timedOut, strings.Join(below, "\n"))
+		if float64(refusedBelow) > timedOut {
+			bad = append(bad, below...)
+		}
 	}
 	if len(bad) > 0 {
 		for _, n := range nodes {
