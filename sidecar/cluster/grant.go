@@ -616,6 +616,9 @@ func (r *replicator) fallBack(k limiter.Key, a *ask, endMS int64, env shareEnv) 
 	}
 	r.slots.planMu.Unlock()
 	if !took {
+		if env.relay && !env.owned(k, r.lim) {
+			r.awaitAnswer(k, a.sizeMS, endMS, env.now)
+		}
 		return false
 	}
 	r.asks.mu.Lock()

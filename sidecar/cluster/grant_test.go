@@ -471,6 +471,43 @@ func TestUnansweredRequestTakesAPartOnlyFromASilentOwner(t *testing.T) {
 	}
 }
 
+// TestUnansweredRequestsMakeTheOwnerSilent: a node whose bound of a window is 0 counts no
+// hit there and sends no value of it; its requests for room are all its owner hears of
+// it. An owner that left one unanswered for ownerWait (killed, not yet declared dead) is
+// taken for silent as one that left a value waiting, and the node takes its part.
+func TestUnansweredRequestsMakeTheOwnerSilent(t *testing.T) {
+	m := newMemberB()
+	r, lim, k, size, end, now := m.r, m.lim, m.k, m.size, m.end, m.now
+	lim.SetCap(k, size, end, 0)
+	if lim.Check(k, 1, m.limit).Allowed {
+		t.Fatal("a check allowed beyond a bound of 0")
+	}
+	ask := func(at int64) bool {
+		a, _, ok := r.asks.start(k, size, end, at, 25)
+		if !ok {
+			t.Fatal("no request")
+		}
+		r.request(k, a, 1, at, 25)
+		took := r.fallBack(k, a, end, m.env(at))
+		r.asks.end(k, a, 0)
+		return took
+	}
+	if ask(now) {
+		t.Fatal("took a part at the first request left unanswered")
+	}
+	later := now + ownerWait(m.env(now))
+	r.awaitOwners(nil, m.env(later))
+	if !r.ownerSilent(k, m.env(later)) {
+		t.Fatalf("the owner is not silent %d ms after a request it left unanswered", later-now)
+	}
+	if !ask(later) {
+		t.Fatal("took no part while the owner is silent")
+	}
+	if c, _ := lim.CapIn(k, size, end); c != 5 {
+		t.Fatalf("bound %d, want a member's part 5", c)
+	}
+}
+
 // TestOthersCountAloneLeavesACounterBound: b has just joined and a state transfer told
 // it a's count of a key (no summary of the owner's yet). Its first hit of the window is
 // still bound, and asks the owner for room, rather than counted up to the limit less a

@@ -909,28 +909,29 @@ func (r *replicator) awaitOwners(sent []value, env shareEnv) {
 		if !ok {
 			continue
 		}
-		k := limiter.Key{Bucket: b, ID: v.id}
-		if _, ok := r.awaiting[k]; !ok && !r.slots.known(k, v.sizeMS, v.endMS) {
-			r.awaiting[k] = env.now
-		}
+		r.await(limiter.Key{Bucket: b, ID: v.id}, v.sizeMS, v.endMS, env.now)
 	}
-	for k, at := range r.awaiting {
-		s, ok := r.lim.Lookup(k)
-		if !ok || s.EndMS <= env.now || r.slots.known(k, s.SizeMS, s.EndMS) || env.owned(k, r.lim) {
+	for k, a := range r.awaiting {
+		if a.endMS <= env.now || r.slots.known(k, a.sizeMS, a.endMS) || env.owned(k, r.lim) {
 			delete(r.awaiting, k)
 			continue
 		}
-		if env.now-at < ownerWait(env) {
+		if env.now-a.at < ownerWait(env) {
 			continue
 		}
 		delete(r.awaiting, k)
 		r.silent[env.ownerOf(r.lim.BucketName(k.Bucket), k.ID)] = env.now
-		if !r.share || s.Limit == 0 {
+		s, ok := r.lim.Lookup(k)
+		if !r.share || !ok || s.Limit == 0 {
 			continue
 		}
-		part := max(memberPart(s.Limit, env), s.Own)
-		if c, ok := r.lim.CapIn(k, s.SizeMS, s.EndMS); !ok || c > part {
-			r.lim.SetCap(k, s.SizeMS, s.EndMS, part)
+		own := uint32(0)
+		if s.SizeMS == a.sizeMS && s.EndMS == a.endMS {
+			own = s.Own
+		}
+		part := max(memberPart(s.Limit, env), own)
+		if c, ok := r.lim.CapIn(k, a.sizeMS, a.endMS); !ok || c > part {
+			r.lim.SetCap(k, a.sizeMS, a.endMS, part)
 			r.asks.noteGranted(k)
 		}
 	}
@@ -939,6 +940,23 @@ func (r *replicator) awaitOwners(sent []value, env shareEnv) {
 			delete(r.silent, name)
 		}
 	}
+}
+
+// await notes, at now, that this node waits for the owner's summary of k's window of
+// sizeMS ending at endMS, unless it has one or waits already. The caller holds awaitMu.
+func (r *replicator) await(k limiter.Key, sizeMS, endMS, now int64) {
+	if a, ok := r.awaiting[k]; (!ok || a.endMS != endMS) && !r.slots.known(k, sizeMS, endMS) {
+		r.awaiting[k] = awaited{at: now, sizeMS: sizeMS, endMS: endMS}
+	}
+}
+
+// awaitAnswer notes a request for room of k's window of sizeMS ending at endMS that its
+// owner left unanswered, at now: a node whose bound there is too small to count a hit
+// sends no value of the window, and it waits for the owner as one that did.
+func (r *replicator) awaitAnswer(k limiter.Key, sizeMS, endMS, now int64) {
+	r.awaitMu.Lock()
+	defer r.awaitMu.Unlock()
+	r.await(k, sizeMS, endMS, now)
 }
 
 // heard notes a message from the member named: it is not silent.

@@ -36,20 +36,23 @@ type replicator struct {
 	// valuesTo and summariesTo are when this node last sent each member values and
 	// summaries: what only waited goes to a member at most every paceMS (relay.go).
 	valuesTo, summariesTo map[string]int64
-	// awaiting holds the keys this node sent a first value of a window to their owner
-	// and has had no summary of since (by when sent); silent the owners that let one
-	// wait longer than ownerWait (by when noticed), until they are heard from.
+	// awaiting holds the keys this node sent a first value or request for room of a
+	// window to their owner and has had no summary of since; silent the owners that let
+	// one wait longer than ownerWait (by when noticed), until they are heard from.
 	awaitMu  sync.Mutex
-	awaiting map[limiter.Key]int64
+	awaiting map[limiter.Key]awaited
 	silent   map[string]int64
 }
+
+// awaited is a key's window whose owner's summary a node waits for, since at.
+type awaited struct{ at, sizeMS, endMS int64 }
 
 func newReplicator(lim *limiter.Limiter, origin string, share bool) *replicator {
 	return &replicator{lim: lim, origin: origin, slots: newSlots(lim, origin), share: share,
 		sent: map[limiter.Key]sentAt{}, waiting: map[limiter.Key]int64{},
 		sumWaiting: map[limiter.Key]int64{}, sumRecheck: map[limiter.Key]struct{}{},
 		valuesTo: map[string]int64{}, summariesTo: map[string]int64{},
-		awaiting: map[limiter.Key]int64{}, silent: map[string]int64{}}
+		awaiting: map[limiter.Key]awaited{}, silent: map[string]int64{}}
 }
 
 // flushResult is what one flush did.
