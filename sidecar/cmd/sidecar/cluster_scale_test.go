@@ -259,6 +259,16 @@ func restartUnderLoad(t *testing.T, nodes []*node, which []int, kill bool, bucke
 	for i := range l.up {
 		l.up[i] = true
 	}
+	if kill {
+		// Until the others take the member for dead, a check may wait the grants' whole
+		// wait for its owner (RATE_LIMIT_GRANT_WAIT_MS, nodeEnv): sent farther from the
+		// window's end, it is answered in the window it was sent in.
+		wait, err := strconv.ParseInt(nodes[0].env["RATE_LIMIT_GRANT_WAIT_MS"], 10, 64)
+		if err != nil {
+			t.Fatalf("the nodes' grant wait: %v", err)
+		}
+		l.guardMS = wait + 50
+	}
 	stop := make(chan struct{})
 	done := make(chan struct{})
 	go func() {
@@ -281,16 +291,6 @@ func restartUnderLoad(t *testing.T, nodes []*node, which []int, kill bool, bucke
 	l.tallyMu.Lock()
 	l.from = l.clock() / windowMS
 	l.tallyMu.Unlock()
-	if kill {
-		// Until the others take the member for dead, a check may wait the grants' whole
-		// wait for its owner (RATE_LIMIT_GRANT_WAIT_MS, nodeEnv): sent farther from the
-		// window's end, it is answered in the window it was sent in.
-		wait, err := strconv.ParseInt(nodes[0].env["RATE_LIMIT_GRANT_WAIT_MS"], 10, 64)
-		if err != nil {
-			t.Fatalf("the nodes' grant wait: %v", err)
-		}
-		l.guardMS = wait + 50
-	}
 	if which == nil {
 		for i := range nodes {
 			which = append(which, i)
