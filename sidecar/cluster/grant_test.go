@@ -439,17 +439,25 @@ func TestSummaryPlannedBeforeAGrantDoesNotLowerIt(t *testing.T) {
 	}
 }
 
+// boundAtZero is member b with its key bound at 0 in the current window, and a check of
+// it refused.
+func boundAtZero(t *testing.T) memberB {
+	t.Helper()
+	m := newMemberB()
+	m.lim.SetCap(m.k, m.size, m.end, 0)
+	if m.lim.Check(m.k, 1, m.limit).Allowed {
+		t.Fatal("a check allowed beyond a bound of 0")
+	}
+	return m
+}
+
 // A request for room that its owner did not answer in time takes no part of the limit
 // when the node has no summary of the window and the owner is live (only slow, or
 // settling): every member new to the key doing so would add up beyond the limit beside
 // the owner's grants. Once the owner is silent (awaitOwners), a member's part is taken.
 func TestUnansweredRequestTakesAPartOnlyFromASilentOwner(t *testing.T) {
-	m := newMemberB()
+	m := boundAtZero(t)
 	r, lim, k, size, end, now := m.r, m.lim, m.k, m.size, m.end, m.now
-	lim.SetCap(k, size, end, 0)
-	if lim.Check(k, 1, m.limit).Allowed {
-		t.Fatal("a check allowed beyond a bound of 0")
-	}
 	env := m.env(now)
 	a, _, ok := r.asks.start(k, size, end, now, 25)
 	if !ok {
@@ -476,12 +484,8 @@ func TestUnansweredRequestTakesAPartOnlyFromASilentOwner(t *testing.T) {
 // it. An owner that left one unanswered for ownerWait (killed, not yet declared dead) is
 // taken for silent as one that left a value waiting, and the node takes its part.
 func TestUnansweredRequestsMakeTheOwnerSilent(t *testing.T) {
-	m := newMemberB()
+	m := boundAtZero(t)
 	r, lim, k, size, end, now := m.r, m.lim, m.k, m.size, m.end, m.now
-	lim.SetCap(k, size, end, 0)
-	if lim.Check(k, 1, m.limit).Allowed {
-		t.Fatal("a check allowed beyond a bound of 0")
-	}
 	ask := func(at int64) bool {
 		a, _, ok := r.asks.start(k, size, end, at, 25)
 		if !ok {
