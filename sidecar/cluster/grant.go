@@ -602,10 +602,11 @@ func (r *replicator) grantSelf(k limiter.Key, want uint32, endMS int64, env shar
 // is refused instead (the answer, if it comes before the next flush, still raises the
 // bound).
 func (r *replicator) fallBack(k limiter.Key, a *ask, endMS int64, env shareEnv) bool {
+	relayed := env.relay && !env.owned(k, r.lim) // another member owns k
 	r.slots.planMu.Lock()
 	var took bool
 	switch s, _ := r.lim.Lookup(k); {
-	case !env.relay || env.owned(k, r.lim):
+	case !relayed:
 		took = r.slots.takePart(k, endMS, env)
 	case r.slots.known(k, a.sizeMS, endMS):
 		took = r.slots.takeAggPart(k, a.sizeMS, endMS)
@@ -616,7 +617,7 @@ func (r *replicator) fallBack(k limiter.Key, a *ask, endMS int64, env shareEnv) 
 	}
 	r.slots.planMu.Unlock()
 	if !took {
-		if env.relay && !env.owned(k, r.lim) {
+		if relayed {
 			r.awaitAnswer(k, a.sizeMS, endMS, env.now)
 		}
 		return false

@@ -284,18 +284,25 @@ func nextWindow(n *Cluster) int64 {
 // in the window that started at start, and no more; what says what happened there.
 func takesTheLimit(t *testing.T, n *Cluster, id string, start int64, what string) {
 	t.Helper()
+	takesWhatIsLeft(t, n, id, int(trioLimit.Count), start, what)
+}
+
+// takesWhatIsLeft checks that n is allowed left hits of trioLimit on key id of
+// token_create in the window that started at start, and no more.
+func takesWhatIsLeft(t *testing.T, n *Cluster, id string, left int, start int64, what string) {
+	t.Helper()
 	size := trioLimit.Window.Milliseconds()
 	k := limiter.Key{Bucket: n.lim.Bucket("token_create"), ID: id}
-	for i := range int(trioLimit.Count) {
+	for i := range left {
 		if !n.lim.Check(k, 1, trioLimit).Allowed {
-			t.Fatalf("%s's check %d of %d refused, %d ms into the window %s", n.cfg.NodeName, i+1, trioLimit.Count, n.lim.NowMS()-start, what)
+			t.Fatalf("%s's check %d of %d refused, %d ms into the window %s", n.cfg.NodeName, i+1, left, n.lim.NowMS()-start, what)
 		}
 	}
 	if end := n.lim.NowMS(); end/size != start/size {
 		t.Skipf("the checks ran into the next window (%d ms): the test measured nothing", end-start)
 	}
 	if n.lim.Check(k, 1, trioLimit).Allowed {
-		t.Errorf("%s's check %d allowed, over the limit", n.cfg.NodeName, trioLimit.Count+1)
+		t.Errorf("%s's check %d allowed, over the limit", n.cfg.NodeName, left+1)
 	}
 }
 
@@ -355,16 +362,5 @@ func TestLeaverHoldsOnlyItsCount(t *testing.T) {
 	}
 	handOffWithoutLeave(t, a)
 	waitOwners(t, b, "handed a's keys", func(o *owners, now int64) bool { return o.handedToLeave("a", now) })
-	k = limiter.Key{Bucket: c.lim.Bucket("token_create"), ID: id}
-	for i := range 8 {
-		if !c.lim.Check(k, 1, trioLimit).Allowed {
-			t.Fatalf("c's check %d of the 8 a left refused, %d ms into the window", i+1, c.lim.NowMS()-start)
-		}
-	}
-	if end := c.lim.NowMS(); end/size != start/size {
-		t.Skipf("the checks ran into the next window (%d ms): the test measured nothing", end-start)
-	}
-	if c.lim.Check(k, 1, trioLimit).Allowed {
-		t.Errorf("c's check 9 allowed: with a's 2, over the limit\nb: %+v\nc: %+v", b.Debug("token_create", id), c.Debug("token_create", id))
-	}
+	takesWhatIsLeft(t, c, id, 8, start, "a left with 2 counted")
 }
