@@ -617,3 +617,114 @@ func TestRequestForRoomEndsByTheCheckDeadline(t *testing.T) {
 		t.Fatalf("%g requests sent, want 1", got-before)
 	}
 }
+
+// TestSummaryRaisesNoBoundTheGrantsDivide: the owner grants member b room, and holds it
+// for b until b's next value; b lets the answer go (it came after the check that asked
+// was refused). The owner's summary, planned while it held the grant, carries b's bound
+// with the grant in it, and crosses b's next value, which shows b's bound without it:
+// the owner lets go of the room and grants it to c. The summary must not raise b's
+// bound: b would count the room c was given, beyond the limit.
+func TestSummaryRaisesNoBoundTheGrantsDivide(t *testing.T) {
+	limit := limiter.Limit{Count: 2, Window: time.Hour}
+	names := []string{"a", "b", "c"}
+	type node struct {
+		name string
+		lim  *limiter.Limiter
+		r    *replicator
+	}
+	mk := func(name string) node {
+		lim := limiter.New(limiter.Options{Replicated: true})
+		return node{name, lim, newReplicator(lim, name+"#1", true)}
+	}
+	a, b, c := mk("a"), mk("b"), mk("c")
+	id := keyOwned(names, "a", "b")
+	envOf := func(n node, at int64) shareEnv {
+		return shareEnv{now: at, intervalMS: 100, live: func(m string) bool { return m != n.name && slices.Contains(names, m) },
+			members: 3, relay: true, grants: true, names: names, self: n.name, grantMax: 100, waitMS: 25,
+			owns: func(limiter.Key) bool { return n.name == "a" }}
+	}
+	size := limit.Window.Milliseconds()
+	now := a.lim.NowMS()
+	end := windowEnd(now, size)
+	key := func(n node) limiter.Key { return limiter.Key{Bucket: n.lim.Bucket("token_create"), ID: id} }
+	// b and c are new to the key: bound at 0, each check asks the owner (by hand here).
+	for _, n := range []node{b, c} {
+		n.lim.SetCap(key(n), size, end, 0)
+		if n.lim.Check(key(n), 1, limit).Allowed {
+			t.Fatalf("%s allowed a check beyond a bound of 0", n.name)
+		}
+	}
+	ask := func(n node, want uint32, at int64) (*ask, grantAnswer) {
+		t.Helper()
+		q, first, ok := n.r.asks.start(key(n), size, end, at, 25)
+		if !ok || !first {
+			t.Fatalf("%s: no request", n.name)
+		}
+		req, err := decodeAsk(encodeAsk(n.r.request(key(n), q, want, at, 25)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		ans, ok := a.r.grant(req, envOf(a, at+1))
+		if !ok {
+			t.Fatalf("the owner did not answer %s", n.name)
+		}
+		return q, ans
+	}
+	// send delivers n's value of the key, as its flush at at sends it, to the owner.
+	send := func(n node, at int64) value {
+		t.Helper()
+		v, _ := n.r.ownValue(key(n), size, end)
+		m, err := decode(pack3(at, n.r.origin, []value{v})[0])
+		if err != nil {
+			t.Fatal(err)
+		}
+		a.r.receive(m, true, at+1)
+		return v
+	}
+	q, ans := ask(b, 1, now)
+	if ans.grant != 1 {
+		t.Fatalf("the owner granted b %d, want 1", ans.grant)
+	}
+	// c's value tells the owner of its demand: b's next window is shared.
+	send(c, now+2)
+	// The summary the owner plans now, while it holds the grant for b.
+	res := a.r.flush(envOf(a, now+5))
+	es := res.summaries["b"]
+	if len(es) != 1 || !es[0].planned || !es[0].curCapped || es[0].cur != 1 {
+		t.Fatalf("the owner's summary to b: %+v, want b's bound 1 (the grant it holds)", es)
+	}
+	sum, err := decodeSummary(packSummaries(now+5, a.r.origin, envOf(a, now).raiseMS(), es)[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The answer comes after b's deadline, before the check that asked has ended the
+	// request (a busy machine): it is not applied, and the check is refused.
+	if _, applied, _ := b.r.answer(ans, now+40, 100); applied {
+		t.Fatal("an answer after the deadline was applied")
+	}
+	b.r.asks.end(key(b), q, 0)
+	b.r.asks.due(now + 41)
+	bv := send(b, now+41) // the flush after the deadline: the owner lets go of the grant
+	// The summary arrives at b after its value left.
+	b.r.applySummary(sum, envOf(b, now+43))
+	if cb, _ := b.lim.CapIn(key(b), size, end); cb != bv.cap {
+		t.Fatalf("a summary raised b's bound from %d to %d", bv.cap, cb)
+	}
+	// c asks for the whole limit: the owner gives it what nobody holds.
+	qc, ansc := ask(c, 2, now+50)
+	if _, applied, _ := c.r.answer(ansc, now+51, 100); ansc.grant > 0 && !applied {
+		t.Fatalf("c did not apply a grant of %d", ansc.grant)
+	}
+	c.r.asks.end(key(c), qc, 0)
+	allowed := 0
+	for _, n := range []node{b, c} {
+		for range 2 {
+			if n.lim.Check(key(n), 1, limit).Allowed {
+				allowed++
+			}
+		}
+	}
+	if allowed > int(limit.Count) {
+		t.Fatalf("b and c allowed %d, over the limit of %d", allowed, limit.Count)
+	}
+}

@@ -42,6 +42,9 @@ import (
 // owner plans every member of a key from one view, so a raise is room its plan gave no
 // other member; it is not held as a floor, as a grant is (a floor held for a member
 // whose demand stopped would keep the room from the others until its next report).
+// Where the grants divide a key, room goes out only by grants, which set aside what the
+// others hold, not what a summary gave them: there a summary never raises the bound of
+// the current window (grantsDivide).
 //
 // Ownership follows membership. When the owners change (a member joins, leaves, comes
 // back, or the mode changes), every node sends its own values of the current windows to
@@ -772,7 +775,7 @@ func (r *replicator) applySummary(m summary, env shareEnv) (dropped int) {
 		}
 		r.slots.planMu.Lock()
 		before, had := r.lim.CapIn(k, e.sizeMS, e.endMS)
-		r.applyBound(k, e.sizeMS, e.endMS, e.cur, e.curCapped, raise)
+		r.applyBound(k, e.sizeMS, e.endMS, e.cur, e.curCapped, raise && !r.grantsDivide(k, env))
 		r.applyBound(k, e.sizeMS, e.endMS+e.sizeMS, e.next, e.nextCapped, raise)
 		after, has := r.lim.CapIn(k, e.sizeMS, e.endMS)
 		r.slots.planMu.Unlock()
@@ -784,6 +787,17 @@ func (r *replicator) applySummary(m summary, env shareEnv) (dropped int) {
 		}
 	}
 	return dropped
+}
+
+// grantsDivide says the owner's grants divide k's limit, as this node knows it (a limit
+// it has not checked yet: when the grants run at all). Then a summary never raises the
+// bound of the current window: only a grant does. A summary's bound above this node's is
+// room the owner held for a grant this node did not apply (its answer came too late, or
+// not at all); the owner lets go of it once this node's next value shows its bound, and
+// gives it to another member, so a bound raised to it would be counted twice.
+func (r *replicator) grantsDivide(k limiter.Key, env shareEnv) bool {
+	s, _ := r.lim.Lookup(k)
+	return env.grants && (s.Limit == 0 || env.grantsFor(int64(s.Limit)))
 }
 
 // applyBound sets k's bound in the window of sizeMS ending at endMS to bound (none when

@@ -85,6 +85,11 @@ import (
 //     lowers its bound at the owner, but the floor holds the grant until a value sent
 //     after the asker could still apply it. A late answer is dropped by the asker; the
 //     owner's floor then ends with the asker's next value.
+//   - A grant the asker let go (the answer came after the check that asked was
+//     refused) and a summary the owner planned while it held the grant: the summary
+//     carries the bound with the grant in it, and may cross the asker's next value,
+//     which makes the owner let go of the grant. The asker does not raise its bound by
+//     the summary (relay.go, grantsDivide): within a window only a grant raises it.
 //   - Two borrowers: the owner grants serially, each from what is left after the last.
 //   - A node's own plan lowering a bound a grant just raised only gives room back; plans
 //     and grants are serialized, so no bound is set from a view older than a grant.
