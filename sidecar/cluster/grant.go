@@ -349,16 +349,19 @@ func (as *asks) raisedAfter(k limiter.Key, endMS int64, answered uint64, now int
 
 // ask is one outstanding request.
 type ask struct {
-	id        uint64
-	sentAt    int64 // the asker's clock
-	sizeMS    int64
-	endMS     int64
-	deadline  int64 // the asker's clock: an answer after it is not applied
-	done      chan struct{}
-	grant     uint32
-	answered  bool
-	reqCap    uint32 // the bound the request carried
-	tookPart  bool   // not answered in time, the node took a part of the free room
+	id       uint64
+	sentAt   int64 // the asker's clock
+	sizeMS   int64
+	endMS    int64
+	deadline int64 // the asker's clock: an answer after it is not applied
+	done     chan struct{}
+	grant    uint32
+	answered bool
+	reqCap   uint32 // the bound the request carried
+	tookPart bool   // not answered in time, the node took a part of the free room
+	// flushed says a flush at or after the deadline sent this node's values: the owner
+	// lets go of the grant on them, so the answer is not applied (asks.due).
+	flushed   bool
 	closeOnce sync.Once
 }
 
@@ -436,6 +439,13 @@ func (as *asks) take(k limiter.Key, id uint64) (a *ask, late bool) {
 	return nil, false
 }
 
+// flushedPast reports whether a flush at or after a's deadline sent this node's values.
+func (as *asks) flushedPast(a *ask) bool {
+	as.mu.Lock()
+	defer as.mu.Unlock()
+	return a.flushed
+}
+
 // result reports whether a's answer granted room, or the node took a part of the free
 // room when it did not come (fallBack), and whether it came.
 func (as *asks) result(a *ask) (granted, answered bool) {
@@ -475,6 +485,11 @@ func (as *asks) due(now int64) []limiter.Key {
 	for k, a := range as.late {
 		if a.deadline <= now {
 			delete(as.late, k)
+		}
+	}
+	for _, a := range as.pending {
+		if a.deadline <= now {
+			a.flushed = true
 		}
 	}
 	return out
@@ -640,23 +655,31 @@ func (r *replicator) answer(ans grantAnswer, now, intervalMS int64) (a *ask, app
 		return nil, false, false
 	}
 	k := limiter.Key{Bucket: b, ID: ans.key}
+	// Taken and applied under planMu, as a flush notes the requests whose deadline it is
+	// past (asks.due, flush): a grant is applied before such a flush reads the bound it
+	// sends, or not at all, since the owner lets go of the grant on that value.
+	r.slots.planMu.Lock()
 	a, late = r.asks.take(k, ans.id)
 	if a == nil || a.endMS != ans.endMS {
+		r.slots.planMu.Unlock()
 		return a, false, late
 	}
-	if late || now > a.deadline {
+	if late || now > a.deadline || r.asks.flushedPast(a) {
 		if !late || ans.grant == 0 {
+			r.slots.planMu.Unlock()
 			return a, false, true
 		}
-		applied = r.raiseBy(k, a, ans.grant, now, intervalMS)
+		applied = r.raiseByLocked(k, a, ans.grant, now, intervalMS)
+		r.slots.planMu.Unlock()
 		if applied {
 			r.asks.noteGranted(k)
 		}
 		return a, applied, true
 	}
 	if ans.grant > 0 {
-		applied = r.raiseBy(k, a, ans.grant, now, intervalMS)
+		applied = r.raiseByLocked(k, a, ans.grant, now, intervalMS)
 	}
+	r.slots.planMu.Unlock()
 	r.asks.mu.Lock()
 	a.answered = true
 	if applied {
@@ -673,15 +696,14 @@ func (r *replicator) answer(ans grantAnswer, now, intervalMS int64) (a *ask, app
 	return a, applied, false
 }
 
-// raiseBy raises k's bound to the bound request a carried and grant: the owner holds that
-// much for this node (the bound may have fallen meanwhile, by its own plan).
+// raiseByLocked raises k's bound to the bound request a carried and grant: the owner
+// holds that much for this node (the bound may have fallen meanwhile, by its own plan).
 // It is kept from the summaries planned before the grant for raiseIntervals intervals.
-func (r *replicator) raiseBy(k limiter.Key, a *ask, grant uint32, now, intervalMS int64) bool {
+// The caller holds planMu.
+func (r *replicator) raiseByLocked(k limiter.Key, a *ask, grant uint32, now, intervalMS int64) bool {
 	r.asks.mu.Lock()
 	to := uint32(min(uint64(a.reqCap)+uint64(grant), math.MaxUint32-1))
 	r.asks.mu.Unlock()
-	r.slots.planMu.Lock()
-	defer r.slots.planMu.Unlock()
 	if !r.lim.RaiseCapTo(k, a.sizeMS, a.endMS, to) {
 		return false
 	}

@@ -369,6 +369,19 @@ func TestLateAnswerRaisesTheBoundUntilTheNextValue(t *testing.T) {
 	if applied, _ := answer(a, now+90, 5); applied || capOf() != 4 {
 		t.Fatalf("late answer to a request asked again: applied %v, bound %d", applied, capOf())
 	}
+
+	// An answer received before its request's deadline, but applied only after a flush
+	// past the deadline sent this node's value (a busy machine), is not applied: the
+	// owner lets go of the grant on that value, which did not show it.
+	a, first, ok := r.asks.start(k, size, end, now+200, 25)
+	if !ok || !first {
+		t.Fatal("no new request")
+	}
+	r.request(k, a, 1, now+200, 25)
+	r.asks.due(now + 200 + 25)
+	if applied, _ := answer(a, now+210, 5); applied || capOf() != 4 {
+		t.Fatalf("answer applied after a flush past its deadline: applied %v, bound %d", applied, capOf())
+	}
 }
 
 // A summary and an owner's answer may cross: answers are handled as they come, other

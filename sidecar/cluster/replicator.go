@@ -131,7 +131,12 @@ func (r *replicator) flush(env shareEnv) flushResult {
 			touched[k] = struct{}{}
 		}
 		res.capped, bounds = r.slots.shareTick(touched, changed, env)
+		// Under planMu, as grants are applied (answer): one applied from now on is
+		// not in the values this flush sends after its request's deadline, and is not
+		// applied at all.
+		r.slots.planMu.Lock()
 		bounds = append(bounds, r.asks.due(env.now)...)
+		r.slots.planMu.Unlock()
 		r.asks.sweep(env.now)
 	}
 	if env.relay {

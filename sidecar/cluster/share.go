@@ -84,7 +84,9 @@ import (
 //   - A grant and a sync crossing: a value the asker sent before it applied the grant
 //     lowers its bound at the owner, but the floor holds the grant until a value sent
 //     after the asker could still apply it. A late answer is dropped by the asker; the
-//     owner's floor then ends with the asker's next value.
+//     owner's floor then ends with the asker's next value. The asker applies an answer
+//     and a flush notes the requests whose deadline it is past one at a time (planMu),
+//     so a grant is either in the first value sent after the deadline or not applied.
 //   - A grant the asker let go (the answer came after the check that asked was
 //     refused) and a summary the owner planned while it held the grant: the summary
 //     carries the bound with the grant in it, and may cross the asker's next value,
