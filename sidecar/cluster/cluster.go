@@ -753,6 +753,9 @@ func (c *Cluster) askRoom(k limiter.Key, n uint32, sizeMS, endMS int64, by time.
 		if c.rep.fallBack(k, a, endMS, c.shareEnv(c.nowMS())) {
 			c.m.grants.WithLabelValues("asked", "took_part").Inc()
 			granted = true
+		} else {
+			// The answer may have come meanwhile, after the wait (a busy machine).
+			granted, _ = c.rep.asks.result(a)
 		}
 		c.rep.asks.end(k, a, 0)
 	}
@@ -864,6 +867,7 @@ func (c *Cluster) receiveAnswer(b []byte) {
 		return
 	}
 	now := c.nowMS()
+	c.rep.heard(nodeName(ans.origin)) // an owner that answers is not silent
 	a, applied, late := c.rep.answer(ans, now, max(c.cfg.SyncInterval.Milliseconds(), 1))
 	if a != nil {
 		c.m.askRTT.Observe(float64(max(now-a.sentAt, 0)) / 1000)

@@ -619,6 +619,11 @@ func (r *replicator) grantSelf(k limiter.Key, want uint32, endMS int64, env shar
 func (r *replicator) fallBack(k limiter.Key, a *ask, endMS int64, env shareEnv) bool {
 	relayed := env.relay && !env.owned(k, r.lim) // another member owns k
 	r.slots.planMu.Lock()
+	if _, answered := r.asks.result(a); answered {
+		// The answer came after the wait, before this: it decides (answer).
+		r.slots.planMu.Unlock()
+		return false
+	}
 	var took bool
 	switch s, _ := r.lim.Lookup(k); {
 	case !relayed:
@@ -645,10 +650,13 @@ func (r *replicator) fallBack(k limiter.Key, a *ask, endMS int64, env shareEnv) 
 }
 
 // answer applies an owner's answer at now (this node's clock): the bound of the key
-// rises by the grant if the request is still waited on, or timed out but its value has
-// not been sent since (late; the checks that waited on it were decided without it),
-// and its value goes to every member with the next flush. It returns the request,
-// whether it was applied and whether it came late.
+// rises by the grant if no flush has sent this node's value since the request's
+// deadline (the owner holds the grant until then), and its value goes to every member
+// with the next flush. An answer to a request still waited on ends it, after its
+// deadline too (the check that asked, held up on a busy machine, has not given up on it
+// yet); one to a request that timed out raises the bound for the checks that follow.
+// It returns the request, whether it was applied and whether it came after the
+// deadline.
 func (r *replicator) answer(ans grantAnswer, now, intervalMS int64) (a *ask, applied, late bool) {
 	b, ok := r.lim.LookupBucket(ans.bucket)
 	if !ok {
@@ -664,7 +672,7 @@ func (r *replicator) answer(ans grantAnswer, now, intervalMS int64) (a *ask, app
 		r.slots.planMu.Unlock()
 		return a, false, late
 	}
-	if late || now > a.deadline || r.asks.flushedPast(a) {
+	if late || r.asks.flushedPast(a) {
 		if !late || ans.grant == 0 {
 			r.slots.planMu.Unlock()
 			return a, false, true
@@ -679,13 +687,15 @@ func (r *replicator) answer(ans grantAnswer, now, intervalMS int64) (a *ask, app
 	if ans.grant > 0 {
 		applied = r.raiseByLocked(k, a, ans.grant, now, intervalMS)
 	}
-	r.slots.planMu.Unlock()
+	// Noted under planMu: a check that gave up on the request takes no part of the free
+	// room once it was answered (fallBack).
 	r.asks.mu.Lock()
 	a.answered = true
 	if applied {
 		a.grant = ans.grant
 	}
 	r.asks.mu.Unlock()
+	r.slots.planMu.Unlock()
 	zeroUntil := int64(0)
 	if applied {
 		r.asks.noteGranted(k)
@@ -693,7 +703,7 @@ func (r *replicator) answer(ans grantAnswer, now, intervalMS int64) (a *ask, app
 		zeroUntil = now + intervalMS
 	}
 	r.asks.end(k, a, zeroUntil)
-	return a, applied, false
+	return a, applied, now > a.deadline
 }
 
 // raiseByLocked raises k's bound to the bound request a carried and grant: the owner

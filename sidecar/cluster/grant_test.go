@@ -492,6 +492,37 @@ func TestUnansweredRequestTakesAPartOnlyFromASilentOwner(t *testing.T) {
 	}
 }
 
+// TestAnswerAfterTheWaitBeforeTheFlush: an answer that comes after its request's
+// deadline, while the check that asked has not given up on it yet (held up on a busy
+// machine) and before a flush has sent this node's value since, is applied: the owner
+// holds the grant until that value. The check then takes no part of the free room
+// beside the grant, whatever it takes the owner for.
+func TestAnswerAfterTheWaitBeforeTheFlush(t *testing.T) {
+	m := boundAtZero(t)
+	r, lim, k, size, end, now := m.r, m.lim, m.k, m.size, m.end, m.now
+	a, first, ok := r.asks.start(k, size, end, now, 25)
+	if !ok || !first {
+		t.Fatal("no request")
+	}
+	r.request(k, a, 1, now, 25)
+	ans := grantAnswer{origin: "a#1", id: a.id, bucket: "token_create", key: k.ID, endMS: end, grant: 1}
+	if _, applied, late := r.answer(ans, now+40, 100); !applied || !late {
+		t.Fatalf("an answer after the wait, before the flush: applied %v, after the deadline %v; want both", applied, late)
+	}
+	if granted, answered := r.asks.result(a); !granted || !answered {
+		t.Fatalf("the request: granted %v, answered %v; want both", granted, answered)
+	}
+	r.awaitMu.Lock()
+	r.silent["a"] = now // as if the owner were silent: a member's part would be taken
+	r.awaitMu.Unlock()
+	if r.fallBack(k, a, end, m.env(now+41)) {
+		t.Fatal("the check took a part beside the grant")
+	}
+	if c, _ := lim.CapIn(k, size, end); c != 1 {
+		t.Fatalf("bound %d, want the grant's 1", c)
+	}
+}
+
 // TestUnansweredRequestsMakeTheOwnerSilent: a node whose bound of a window is 0 counts no
 // hit there and sends no value of it; its requests for room are all its owner hears of
 // it. An owner that left one unanswered for ownerWait (killed, not yet declared dead) is
@@ -632,11 +663,11 @@ func TestRequestForRoomEndsByTheCheckDeadline(t *testing.T) {
 }
 
 // TestSummaryRaisesNoBoundTheGrantsDivide: the owner grants member b room, and holds it
-// for b until b's next value; b lets the answer go (it came after the check that asked
-// was refused). The owner's summary, planned while it held the grant, carries b's bound
-// with the grant in it, and crosses b's next value, which shows b's bound without it:
-// the owner lets go of the room and grants it to c. The summary must not raise b's
-// bound: b would count the room c was given, beyond the limit.
+// for b until b's next value; b lets the answer go (it came after b's flush past the
+// request's deadline). The owner's summary, planned while it held the grant, carries
+// b's bound with the grant in it, and crosses b's next value, which shows b's bound
+// without it: the owner lets go of the room and grants it to c. The summary must not
+// raise b's bound: b would count the room c was given, beyond the limit.
 func TestSummaryRaisesNoBoundTheGrantsDivide(t *testing.T) {
 	limit := limiter.Limit{Count: 2, Window: time.Hour}
 	names := []string{"a", "b", "c"}
@@ -710,14 +741,14 @@ func TestSummaryRaisesNoBoundTheGrantsDivide(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// The answer comes after b's deadline, before the check that asked has ended the
-	// request (a busy machine): it is not applied, and the check is refused.
-	if _, applied, _ := b.r.answer(ans, now+40, 100); applied {
-		t.Fatal("an answer after the deadline was applied")
+	// The answer comes after b's deadline and b's next flush (a busy machine): it is
+	// not applied, and the check that asked is refused.
+	b.r.asks.due(now + 41)
+	if _, applied, _ := b.r.answer(ans, now+42, 100); applied {
+		t.Fatal("an answer after the flush past the deadline was applied")
 	}
 	b.r.asks.end(key(b), q, 0)
-	b.r.asks.due(now + 41)
-	bv := send(b, now+41) // the flush after the deadline: the owner lets go of the grant
+	bv := send(b, now+41) // that flush's value: the owner lets go of the grant
 	// The summary arrives at b after its value left.
 	b.r.applySummary(sum, envOf(b, now+43))
 	if cb, _ := b.lim.CapIn(key(b), size, end); cb != bv.cap {

@@ -72,19 +72,21 @@ import (
 //     the most its start bound can be; one that counts unbound, what it may count soon):
 //     the request, or a member's part of what is free, whichever is more. It answers
 //     even 0. It holds the grant as the asker's floor until a value the asker sent after
-//     the latest moment it may apply the grant (its request's time plus the wait, on its
-//     own clock) shows its bound, or one of the asker's values shows a bound as high; the
-//     asker applies a grant only until then, raising its bound to the one its request
-//     carried plus the grant (what the owner holds for it, even if its own plan lowered
-//     the bound meanwhile), and sends it to every member with its next flush. Whatever
-//     the answer, it sends its value again at the first flush after the deadline, so
-//     that the owner lets go of a grant that came late or not at all.
+//     the request's deadline (its time plus the wait, on the asker's clock) shows its
+//     bound, or one of the asker's values shows a bound as high; the asker applies a
+//     grant only before its first flush after the deadline, raising its bound to the one
+//     its request carried plus the grant (what the owner holds for it, even if its own
+//     plan lowered the bound meanwhile), and sends it to every member with its next
+//     flush. An answer after the wait decides the check that asked if that check has not
+//     given up on it yet (held up on a busy machine), else it raises the bound for the
+//     next. Whatever the answer, the asker sends its value again at the first flush after
+//     the deadline, so that the owner lets go of a grant that came late or not at all.
 //
 // The races, and why the limit holds through them:
 //   - A grant and a sync crossing: a value the asker sent before it applied the grant
 //     lowers its bound at the owner, but the floor holds the grant until a value sent
-//     after the asker could still apply it. A late answer is dropped by the asker; the
-//     owner's floor then ends with the asker's next value. The asker applies an answer
+//     after the asker could still apply it. An answer after that flush is dropped by the
+//     asker; the owner's floor ends with the value it sent. The asker applies an answer
 //     and a flush notes the requests whose deadline it is past one at a time (planMu),
 //     so a grant is either in the first value sent after the deadline or not applied.
 //   - A grant the asker let go (the answer came after the check that asked was
