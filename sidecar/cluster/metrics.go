@@ -61,7 +61,7 @@ func newMetrics(reg prometheus.Registerer, newestAge func() float64) *metrics {
 			Name: "converger_cluster_share_mode_caps_total", Help: "Times share mode bounded a counter's share for one interval."}),
 		grants: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "converger_cluster_share_grants_total",
-			Help: "Requests for room of a key refused by share mode's bound below the limit. role=asked (this node asked the key's owner): result sent, granted, zero (nothing left), timed_out (no answer in time: the check was refused, unless took_part), took_part (timed out far below the limit: the node took a member's part of the free room), late (answered after the wait), late_applied (of those late, the ones whose grant still raised the bound for the next checks: the answer came before the node's next value); role=answered_other or answered_self (this node owns the key): result granted or zero."},
+			Help: "Requests for room of a key refused by share mode's bound below the limit. role=asked (this node asked the key's owner): result sent, granted, zero (nothing left), timed_out (no answer in time: the check was refused, unless took_part or the answer came before it gave up), took_part (timed out far below the limit: the node took a member's part of the free room), late (answered after the wait), late_applied (of those late, the ones whose grant still raised the bound: the answer came before the node's next value; it decided the check that asked if that check still waited); role=answered_other or answered_self (this node owns the key): result granted or zero."},
 			[]string{"role", "result"}),
 		grantedHits: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "converger_cluster_share_granted_hits_total",
