@@ -662,13 +662,13 @@ func TestRequestForRoomEndsByTheCheckDeadline(t *testing.T) {
 	}
 }
 
-// TestSummaryRaisesNoBoundTheGrantsDivide: the owner grants member b room, and holds it
-// for b until b's next value; b lets the answer go (it came after b's flush past the
+// TestSummaryHoldsTheGrantItCarries: the owner grants member b room, and holds it for b
+// until b's next value; b lets the answer go (it came after b's flush past the
 // request's deadline). The owner's summary, planned while it held the grant, carries
 // b's bound with the grant in it, and crosses b's next value, which shows b's bound
-// without it: the owner lets go of the room and grants it to c. The summary must not
-// raise b's bound: b would count the room c was given, beyond the limit.
-func TestSummaryRaisesNoBoundTheGrantsDivide(t *testing.T) {
+// without it. b may still raise its bound by the summary, so the owner must keep the
+// room held until b could no longer apply it: given to c too, it would be counted twice.
+func TestSummaryHoldsTheGrantItCarries(t *testing.T) {
 	limit := limiter.Limit{Count: 2, Window: time.Hour}
 	names := []string{"a", "b", "c"}
 	type node struct {
@@ -749,13 +749,16 @@ func TestSummaryRaisesNoBoundTheGrantsDivide(t *testing.T) {
 	}
 	b.r.asks.end(key(b), q, 0)
 	bv := send(b, now+41) // that flush's value: the owner lets go of the grant
-	// The summary arrives at b after its value left.
+	// The summary arrives at b after its value left, and raises b's bound.
 	b.r.applySummary(sum, envOf(b, now+43))
-	if cb, _ := b.lim.CapIn(key(b), size, end); cb != bv.cap {
-		t.Fatalf("a summary raised b's bound from %d to %d", bv.cap, cb)
+	if cb, _ := b.lim.CapIn(key(b), size, end); cb != 1 {
+		t.Fatalf("b's bound %d after the summary, want 1 (from %d)", cb, bv.cap)
 	}
 	// c asks for the whole limit: the owner gives it what nobody holds.
 	qc, ansc := ask(c, 2, now+50)
+	if ansc.grant != 1 {
+		t.Fatalf("the owner granted c %d, want 1: b may hold the other", ansc.grant)
+	}
 	if _, applied, _ := c.r.answer(ansc, now+51, 100); ansc.grant > 0 && !applied {
 		t.Fatalf("c did not apply a grant of %d", ansc.grant)
 	}

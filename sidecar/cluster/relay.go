@@ -42,9 +42,10 @@ import (
 // owner plans every member of a key from one view, so a raise is room its plan gave no
 // other member; it is not held as a floor, as a grant is (a floor held for a member
 // whose demand stopped would keep the room from the others until its next report).
-// Where the grants divide a key, room goes out only by grants, which set aside what the
-// others hold, not what a summary gave them: there a summary never raises the bound of
-// the current window (grantsDivide).
+// A summary's bound that carries a floor (room held for the member: a grant, a
+// handover) keeps the floor until the member could no longer apply the summary
+// (summarizeKey): a member that let a grant go may still raise its bound by the summary
+// after its value without the grant reached the owner.
 //
 // Ownership follows membership. When the owners change (a member joins, leaves, comes
 // back, or the mode changes), every node sends its own values of the current windows to
@@ -604,7 +605,7 @@ func (s *slots) summarizeKey(k limiter.Key, env shareEnv, share bool, reply stri
 		}
 		s.mu.Unlock()
 		c.e = e
-		now := env.now
+		now, raiseMS := env.now, env.raiseMS()
 		c.apply = func() {
 			s.mu.Lock()
 			defer s.mu.Unlock()
@@ -617,6 +618,14 @@ func (s *slots) summarizeKey(k limiter.Key, env shareEnv, share bool, reply stri
 				return
 			}
 			sl.sumBounds = boundsOf(e)
+			if e.curCapped && sl.floor > 0 && (!sl.capped || e.cur > sl.cap) {
+				// The bound carries room held for the member (a grant, a handover) that
+				// its reports do not show: the member may raise its bound to it until
+				// raiseMS after now, so the room stays held until a value it sent after
+				// that shows its bound. (A grant the member let go and a value sent
+				// before it applied this summary would otherwise free the room twice.)
+				sl.floorUntil = max(sl.floorUntil, now+raiseMS)
+			}
 		}
 		cands = append(cands, c)
 	}
@@ -775,7 +784,7 @@ func (r *replicator) applySummary(m summary, env shareEnv) (dropped int) {
 		}
 		r.slots.planMu.Lock()
 		before, had := r.lim.CapIn(k, e.sizeMS, e.endMS)
-		r.applyBound(k, e.sizeMS, e.endMS, e.cur, e.curCapped, raise && !r.grantsDivide(k, env))
+		r.applyBound(k, e.sizeMS, e.endMS, e.cur, e.curCapped, raise)
 		r.applyBound(k, e.sizeMS, e.endMS+e.sizeMS, e.next, e.nextCapped, raise)
 		after, has := r.lim.CapIn(k, e.sizeMS, e.endMS)
 		r.slots.planMu.Unlock()
@@ -787,17 +796,6 @@ func (r *replicator) applySummary(m summary, env shareEnv) (dropped int) {
 		}
 	}
 	return dropped
-}
-
-// grantsDivide says the owner's grants divide k's limit, as this node knows it (a limit
-// it has not checked yet: when the grants run at all). Then a summary never raises the
-// bound of the current window: only a grant does. A summary's bound above this node's is
-// room the owner held for a grant this node did not apply (its answer came too late, or
-// not at all); the owner lets go of it once this node's next value shows its bound, and
-// gives it to another member, so a bound raised to it would be counted twice.
-func (r *replicator) grantsDivide(k limiter.Key, env shareEnv) bool {
-	s, _ := r.lim.Lookup(k)
-	return env.grants && (s.Limit == 0 || env.grantsFor(int64(s.Limit)))
 }
 
 // applyBound sets k's bound in the window of sizeMS ending at endMS to bound (none when

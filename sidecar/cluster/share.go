@@ -89,11 +89,12 @@ import (
 //     asker; the owner's floor ends with the value it sent. The asker applies an answer
 //     and a flush notes the requests whose deadline it is past one at a time (planMu),
 //     so a grant is either in the first value sent after the deadline or not applied.
-//   - A grant the asker let go (the answer came after the check that asked was
-//     refused) and a summary the owner planned while it held the grant: the summary
-//     carries the bound with the grant in it, and may cross the asker's next value,
-//     which makes the owner let go of the grant. The asker does not raise its bound by
-//     the summary (relay.go, grantsDivide): within a window only a grant raises it.
+//   - A grant the asker let go (the answer came too late) and a summary the owner
+//     planned while it held the grant: the summary carries the bound with the grant in
+//     it, and may cross the asker's next value, which shows the bound without it. The
+//     owner holds the floor until the asker could no longer apply the summary (its
+//     sentAt plus raiseMS, relay.go), so that value does not free the room the asker
+//     may still take by the summary.
 //   - Two borrowers: the owner grants serially, each from what is left after the last.
 //   - A node's own plan lowering a bound a grant just raised only gives room back; plans
 //     and grants are serialized, so no bound is set from a view older than a grant.
