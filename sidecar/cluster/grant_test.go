@@ -464,6 +464,24 @@ func boundAtZero(t *testing.T) memberB {
 	return m
 }
 
+// asked is b's request for one hit of its key, sent at now with a wait of 25 ms.
+func (m memberB) asked(t *testing.T) *ask {
+	t.Helper()
+	a, first, ok := m.r.asks.start(m.k, m.size, m.end, m.now, 25)
+	if !ok || !first {
+		t.Fatal("no request")
+	}
+	m.r.request(m.k, a, 1, m.now, 25)
+	return a
+}
+
+// ownerSilent has b take its key's owner a for silent.
+func (m memberB) ownerSilent() {
+	m.r.awaitMu.Lock()
+	m.r.silent["a"] = m.now
+	m.r.awaitMu.Unlock()
+}
+
 // A request for room that its owner did not answer in time takes no part of the limit
 // when the node has no summary of the window and the owner is live (only slow, or
 // settling): every member new to the key doing so would add up beyond the limit beside
@@ -472,18 +490,12 @@ func TestUnansweredRequestTakesAPartOnlyFromASilentOwner(t *testing.T) {
 	m := boundAtZero(t)
 	r, lim, k, size, end, now := m.r, m.lim, m.k, m.size, m.end, m.now
 	env := m.env(now)
-	a, _, ok := r.asks.start(k, size, end, now, 25)
-	if !ok {
-		t.Fatal("no request")
-	}
-	r.request(k, a, 1, now, 25)
+	a := m.asked(t)
 	if r.fallBack(k, a, end, env) {
 		c, _ := lim.CapIn(k, size, end)
 		t.Fatalf("took a part (bound %d) while the owner is live", c)
 	}
-	r.awaitMu.Lock()
-	r.silent["a"] = now
-	r.awaitMu.Unlock()
+	m.ownerSilent()
 	if !r.fallBack(k, a, end, env) {
 		t.Fatal("took no part while the owner is silent")
 	}
@@ -500,11 +512,7 @@ func TestUnansweredRequestTakesAPartOnlyFromASilentOwner(t *testing.T) {
 func TestAnswerAfterTheWaitBeforeTheFlush(t *testing.T) {
 	m := boundAtZero(t)
 	r, lim, k, size, end, now := m.r, m.lim, m.k, m.size, m.end, m.now
-	a, first, ok := r.asks.start(k, size, end, now, 25)
-	if !ok || !first {
-		t.Fatal("no request")
-	}
-	r.request(k, a, 1, now, 25)
+	a := m.asked(t)
 	ans := grantAnswer{origin: "a#1", id: a.id, bucket: "token_create", key: k.ID, endMS: end, grant: 1}
 	if _, applied, late := r.answer(ans, now+40, 100); !applied || !late {
 		t.Fatalf("an answer after the wait, before the flush: applied %v, after the deadline %v; want both", applied, late)
@@ -512,9 +520,7 @@ func TestAnswerAfterTheWaitBeforeTheFlush(t *testing.T) {
 	if granted, answered := r.asks.result(a); !granted || !answered {
 		t.Fatalf("the request: granted %v, answered %v; want both", granted, answered)
 	}
-	r.awaitMu.Lock()
-	r.silent["a"] = now // as if the owner were silent: a member's part would be taken
-	r.awaitMu.Unlock()
+	m.ownerSilent() // a member's part would be taken now
 	if r.fallBack(k, a, end, m.env(now+41)) {
 		t.Fatal("the check took a part beside the grant")
 	}
