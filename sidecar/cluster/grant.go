@@ -353,7 +353,7 @@ type ask struct {
 	sentAt   int64 // the asker's clock
 	sizeMS   int64
 	endMS    int64
-	deadline int64 // the asker's clock: an answer after it is not applied
+	deadline int64 // the asker's clock: a value sent after it ends the owner's hold (asks.due)
 	done     chan struct{}
 	grant    uint32
 	answered bool
