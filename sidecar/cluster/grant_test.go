@@ -668,6 +668,128 @@ func TestRequestForRoomEndsByTheCheckDeadline(t *testing.T) {
 	}
 }
 
+// trio is a key of limit 2 that a owns, in a cluster of a, b and c, at the moment of
+// TestSummaryHoldsTheGrantItCarries's race: the owner granted b 1 hit and planned a
+// summary carrying that grant as b's bound; the answer reached b too late to apply, and
+// b's value sent by its flush past the deadline (bound 0) is at the owner. sum is the
+// summary, not yet at b.
+type trio struct {
+	a, b, c   trioNode
+	names     []string
+	limit     limiter.Limit
+	size, end int64
+	now       int64
+	id        string
+	sum       summary
+}
+
+type trioNode struct {
+	name string
+	lim  *limiter.Limiter
+	r    *replicator
+}
+
+func (tr *trio) env(n trioNode, at int64) shareEnv {
+	return shareEnv{now: at, intervalMS: 100, live: func(m string) bool { return m != n.name && slices.Contains(tr.names, m) },
+		members: 3, relay: true, grants: true, names: tr.names, self: n.name, grantMax: 100, waitMS: 25,
+		owns: func(limiter.Key) bool { return n.name == "a" }}
+}
+
+func (tr *trio) key(n trioNode) limiter.Key {
+	return limiter.Key{Bucket: n.lim.Bucket("token_create"), ID: tr.id}
+}
+
+// ask has n ask the owner for want hits at at, and returns the request and the answer.
+func (tr *trio) ask(t *testing.T, n trioNode, want uint32, at int64) (*ask, grantAnswer) {
+	t.Helper()
+	q, first, ok := n.r.asks.start(tr.key(n), tr.size, tr.end, at, 25)
+	if !ok || !first {
+		t.Fatalf("%s: no request", n.name)
+	}
+	req, err := decodeAsk(encodeAsk(n.r.request(tr.key(n), q, want, at, 25)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ans, ok := tr.a.r.grant(req, tr.env(tr.a, at+1))
+	if !ok {
+		t.Fatalf("the owner did not answer %s", n.name)
+	}
+	return q, ans
+}
+
+// send delivers n's value of the key, as its flush at at sends it, to the owner.
+func (tr *trio) send(t *testing.T, n trioNode, at int64) value {
+	t.Helper()
+	v, _ := n.r.ownValue(tr.key(n), tr.size, tr.end)
+	m, err := decode(pack3(at, n.r.origin, []value{v})[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	tr.a.r.receive(m, true, at+1)
+	return v
+}
+
+// allowed is how many of 2 checks each b and c allow.
+func (tr *trio) allowed() int {
+	n := 0
+	for _, m := range []trioNode{tr.b, tr.c} {
+		for range 2 {
+			if m.lim.Check(tr.key(m), 1, tr.limit).Allowed {
+				n++
+			}
+		}
+	}
+	return n
+}
+
+func newTrio(t *testing.T) *trio {
+	t.Helper()
+	mk := func(name string) trioNode {
+		lim := limiter.New(limiter.Options{Replicated: true})
+		return trioNode{name, lim, newReplicator(lim, name+"#1", true)}
+	}
+	tr := &trio{a: mk("a"), b: mk("b"), c: mk("c"), names: []string{"a", "b", "c"},
+		limit: limiter.Limit{Count: 2, Window: time.Hour}}
+	tr.id = keyOwned(tr.names, "a", "b")
+	tr.size = tr.limit.Window.Milliseconds()
+	tr.now = tr.a.lim.NowMS()
+	tr.end = windowEnd(tr.now, tr.size)
+	now := tr.now
+	// b and c are new to the key: bound at 0, each check asks the owner (by hand here).
+	for _, n := range []trioNode{tr.b, tr.c} {
+		n.lim.SetCap(tr.key(n), tr.size, tr.end, 0)
+		if n.lim.Check(tr.key(n), 1, tr.limit).Allowed {
+			t.Fatalf("%s allowed a check beyond a bound of 0", n.name)
+		}
+	}
+	q, ans := tr.ask(t, tr.b, 1, now)
+	if ans.grant != 1 {
+		t.Fatalf("the owner granted b %d, want 1", ans.grant)
+	}
+	// c's value tells the owner of its demand: b's next window is shared.
+	tr.send(t, tr.c, now+2)
+	// The summary the owner plans now, while it holds the grant for b.
+	res := tr.a.r.flush(tr.env(tr.a, now+5))
+	es := res.summaries["b"]
+	if len(es) != 1 || !es[0].planned || !es[0].curCapped || es[0].cur != 1 {
+		t.Fatalf("the owner's summary to b: %+v, want b's bound 1 (the grant it holds)", es)
+	}
+	sum, err := decodeSummary(packSummaries(now+5, tr.a.r.origin, tr.env(tr.a, now).raiseMS(), es)[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	tr.sum = sum
+	// The answer comes after b's deadline and b's next flush (a busy machine): it is
+	// not applied, and the check that asked is refused.
+	tr.b.r.asks.due(now + 41)
+	if _, applied, _ := tr.b.r.answer(ans, now+42, 100); applied {
+		t.Fatal("an answer after the flush past the deadline was applied")
+	}
+	tr.b.r.asks.end(tr.key(tr.b), q, 0)
+	tr.send(t, tr.b, now+41) // that flush's value: bound 0
+	return tr
+}
+
 // TestSummaryHoldsTheGrantItCarries: the owner grants member b room, and holds it for b
 // until b's next value; b lets the answer go (it came after b's flush past the
 // request's deadline). The owner's summary, planned while it held the grant, carries
@@ -675,109 +797,55 @@ func TestRequestForRoomEndsByTheCheckDeadline(t *testing.T) {
 // without it. b may still raise its bound by the summary, so the owner must keep the
 // room held until b could no longer apply it: given to c too, it would be counted twice.
 func TestSummaryHoldsTheGrantItCarries(t *testing.T) {
-	limit := limiter.Limit{Count: 2, Window: time.Hour}
-	names := []string{"a", "b", "c"}
-	type node struct {
-		name string
-		lim  *limiter.Limiter
-		r    *replicator
-	}
-	mk := func(name string) node {
-		lim := limiter.New(limiter.Options{Replicated: true})
-		return node{name, lim, newReplicator(lim, name+"#1", true)}
-	}
-	a, b, c := mk("a"), mk("b"), mk("c")
-	id := keyOwned(names, "a", "b")
-	envOf := func(n node, at int64) shareEnv {
-		return shareEnv{now: at, intervalMS: 100, live: func(m string) bool { return m != n.name && slices.Contains(names, m) },
-			members: 3, relay: true, grants: true, names: names, self: n.name, grantMax: 100, waitMS: 25,
-			owns: func(limiter.Key) bool { return n.name == "a" }}
-	}
-	size := limit.Window.Milliseconds()
-	now := a.lim.NowMS()
-	end := windowEnd(now, size)
-	key := func(n node) limiter.Key { return limiter.Key{Bucket: n.lim.Bucket("token_create"), ID: id} }
-	// b and c are new to the key: bound at 0, each check asks the owner (by hand here).
-	for _, n := range []node{b, c} {
-		n.lim.SetCap(key(n), size, end, 0)
-		if n.lim.Check(key(n), 1, limit).Allowed {
-			t.Fatalf("%s allowed a check beyond a bound of 0", n.name)
-		}
-	}
-	ask := func(n node, want uint32, at int64) (*ask, grantAnswer) {
-		t.Helper()
-		q, first, ok := n.r.asks.start(key(n), size, end, at, 25)
-		if !ok || !first {
-			t.Fatalf("%s: no request", n.name)
-		}
-		req, err := decodeAsk(encodeAsk(n.r.request(key(n), q, want, at, 25)))
-		if err != nil {
-			t.Fatal(err)
-		}
-		ans, ok := a.r.grant(req, envOf(a, at+1))
-		if !ok {
-			t.Fatalf("the owner did not answer %s", n.name)
-		}
-		return q, ans
-	}
-	// send delivers n's value of the key, as its flush at at sends it, to the owner.
-	send := func(n node, at int64) value {
-		t.Helper()
-		v, _ := n.r.ownValue(key(n), size, end)
-		m, err := decode(pack3(at, n.r.origin, []value{v})[0])
-		if err != nil {
-			t.Fatal(err)
-		}
-		a.r.receive(m, true, at+1)
-		return v
-	}
-	q, ans := ask(b, 1, now)
-	if ans.grant != 1 {
-		t.Fatalf("the owner granted b %d, want 1", ans.grant)
-	}
-	// c's value tells the owner of its demand: b's next window is shared.
-	send(c, now+2)
-	// The summary the owner plans now, while it holds the grant for b.
-	res := a.r.flush(envOf(a, now+5))
-	es := res.summaries["b"]
-	if len(es) != 1 || !es[0].planned || !es[0].curCapped || es[0].cur != 1 {
-		t.Fatalf("the owner's summary to b: %+v, want b's bound 1 (the grant it holds)", es)
-	}
-	sum, err := decodeSummary(packSummaries(now+5, a.r.origin, envOf(a, now).raiseMS(), es)[0])
-	if err != nil {
-		t.Fatal(err)
-	}
-	// The answer comes after b's deadline and b's next flush (a busy machine): it is
-	// not applied, and the check that asked is refused.
-	b.r.asks.due(now + 41)
-	if _, applied, _ := b.r.answer(ans, now+42, 100); applied {
-		t.Fatal("an answer after the flush past the deadline was applied")
-	}
-	b.r.asks.end(key(b), q, 0)
-	bv := send(b, now+41) // that flush's value: the owner lets go of the grant
+	tr := newTrio(t)
+	now := tr.now
 	// The summary arrives at b after its value left, and raises b's bound.
-	b.r.applySummary(sum, envOf(b, now+43))
-	if cb, _ := b.lim.CapIn(key(b), size, end); cb != 1 {
-		t.Fatalf("b's bound %d after the summary, want 1 (from %d)", cb, bv.cap)
+	tr.b.r.applySummary(tr.sum, tr.env(tr.b, now+43))
+	if cb, _ := tr.b.lim.CapIn(tr.key(tr.b), tr.size, tr.end); cb != 1 {
+		t.Fatalf("b's bound %d after the summary, want 1", cb)
+	}
+	// b's next flush shows the raise, though b has no demand to report.
+	if due := tr.b.r.asks.due(now + 44); !slices.Contains(due, tr.key(tr.b)) {
+		t.Fatalf("b's next flush sends %v, want its value of the key", due)
 	}
 	// c asks for the whole limit: the owner gives it what nobody holds.
-	qc, ansc := ask(c, 2, now+50)
+	qc, ansc := tr.ask(t, tr.c, 2, now+50)
 	if ansc.grant != 1 {
 		t.Fatalf("the owner granted c %d, want 1: b may hold the other", ansc.grant)
 	}
-	if _, applied, _ := c.r.answer(ansc, now+51, 100); ansc.grant > 0 && !applied {
+	if _, applied, _ := tr.c.r.answer(ansc, now+51, 100); ansc.grant > 0 && !applied {
 		t.Fatalf("c did not apply a grant of %d", ansc.grant)
 	}
-	c.r.asks.end(key(c), qc, 0)
-	allowed := 0
-	for _, n := range []node{b, c} {
-		for range 2 {
-			if n.lim.Check(key(n), 1, limit).Allowed {
-				allowed++
-			}
-		}
+	tr.c.r.asks.end(tr.key(tr.c), qc, 0)
+	if n := tr.allowed(); n > int(tr.limit.Count) {
+		t.Fatalf("b and c allowed %d, over the limit of %d", n, tr.limit.Count)
 	}
-	if allowed > int(limit.Count) {
-		t.Fatalf("b and c allowed %d, over the limit of %d", allowed, limit.Count)
+}
+
+// TestSummaryTooLateToApplyFreesItsGrant: a summary that reaches b after b could apply
+// its raise has b send its value at once, and that value frees the hit the owner held
+// for b, though b has no more demand to report. Without it the hit stays idle until the
+// window ends.
+func TestSummaryTooLateToApplyFreesItsGrant(t *testing.T) {
+	tr := newTrio(t)
+	late := tr.sum.sentAt + tr.sum.raiseMS + 10
+	tr.b.r.applySummary(tr.sum, tr.env(tr.b, late))
+	if cb, _ := tr.b.lim.CapIn(tr.key(tr.b), tr.size, tr.end); cb != 0 {
+		t.Fatalf("b's bound %d after a summary too late to raise it, want 0", cb)
+	}
+	if due := tr.b.r.asks.due(late + 1); !slices.Contains(due, tr.key(tr.b)) {
+		t.Fatalf("b's next flush sends %v, want its value of the key", due)
+	}
+	tr.send(t, tr.b, late+1)
+	qc, ansc := tr.ask(t, tr.c, 2, late+10)
+	if ansc.grant != 2 {
+		t.Fatalf("the owner granted c %d, want 2: b holds nothing", ansc.grant)
+	}
+	if _, applied, _ := tr.c.r.answer(ansc, late+11, 100); !applied {
+		t.Fatal("c did not apply its grant")
+	}
+	tr.c.r.asks.end(tr.key(tr.c), qc, 0)
+	if n := tr.allowed(); n != int(tr.limit.Count) {
+		t.Fatalf("b and c allowed %d, want the limit of %d", n, tr.limit.Count)
 	}
 }

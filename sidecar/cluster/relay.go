@@ -788,10 +788,18 @@ func (r *replicator) applySummary(m summary, env shareEnv) (dropped int) {
 		r.applyBound(k, e.sizeMS, e.endMS+e.sizeMS, e.next, e.nextCapped, raise)
 		after, has := r.lim.CapIn(k, e.sizeMS, e.endMS)
 		r.slots.planMu.Unlock()
-		if had && (!has || after < before) {
+		switch {
+		case had && (!has || after < before):
 			// A fall goes to the owner at the next flush: it sets aside what this node
 			// held until a report shows the fall. (A raise, or a first bound, it set
 			// aside already.)
+			r.asks.noteGranted(k)
+		case had && e.curCapped && e.cur > before:
+			// A raise, applied or too late to apply: the owner may hold room for this
+			// node's bound until a value shows it (a grant the summary carries), and this
+			// node may have no more demand to send one for. The next flush's value
+			// shows the raised bound, or was sent after the raise could be applied:
+			// either lets the owner go of what it held.
 			r.asks.noteGranted(k)
 		}
 	}
