@@ -311,6 +311,10 @@ type asks struct {
 	// raised holds the keys whose bound a grant raised lately: a summary planned before
 	// the grant does not lower it (raisedAfter).
 	raised map[limiter.Key]raise
+	// asked holds the keys the node asked room for, with the end of the window it asked
+	// in: the owner may hold a grant for it there that only a value of the key frees
+	// (askedIn).
+	asked map[limiter.Key]int64
 }
 
 // raise is a bound a grant raised: to bound, in the window ending at endMS, by the
@@ -391,6 +395,14 @@ func (as *asks) start(k limiter.Key, sizeMS, endMS, now, waitMS int64) (a *ask, 
 	as.lastID++
 	a = &ask{id: as.lastID, sentAt: now, sizeMS: sizeMS, endMS: endMS, deadline: now + waitMS, done: make(chan struct{})}
 	as.pending[k] = a
+	if as.asked == nil {
+		as.asked = map[limiter.Key]int64{}
+	}
+	if _, ok := as.asked[k]; ok || len(as.asked) < 2*maxAsks {
+		// Beyond, a grant held for the key may stay idle to the window's end: refusals,
+		// never more.
+		as.asked[k] = endMS
+	}
 	as.sendAfter(k, a.deadline)
 	return a, true, true
 }
@@ -454,6 +466,14 @@ func (as *asks) result(a *ask) (granted, answered bool) {
 	return (a.answered && a.grant > 0) || a.tookPart, a.answered
 }
 
+// askedIn reports whether the node asked room for k in the window ending at endMS.
+func (as *asks) askedIn(k limiter.Key, endMS int64) bool {
+	as.mu.Lock()
+	defer as.mu.Unlock()
+	end, ok := as.asked[k]
+	return ok && end == endMS
+}
+
 // noteGranted has k's value sent by the next flush: its bound rose.
 func (as *asks) noteGranted(k limiter.Key) {
 	as.mu.Lock()
@@ -513,6 +533,11 @@ func (as *asks) sweep(now int64) {
 	for k, a := range as.late {
 		if a.endMS <= now || a.deadline+1000 < now {
 			delete(as.late, k)
+		}
+	}
+	for k, end := range as.asked {
+		if end <= now {
+			delete(as.asked, k)
 		}
 	}
 	for k, r := range as.raised {

@@ -849,3 +849,34 @@ func TestSummaryTooLateToApplyFreesItsGrant(t *testing.T) {
 		t.Fatalf("b and c allowed %d, want the limit of %d", n, tr.limit.Count)
 	}
 }
+
+// TestRaiseOfAKeyNotAskedForSendsNoValue: a summary raising the bound of a key the
+// member did not ask room for leaves its value to the usual flushes (lazy values far
+// from a limit): the owner holds no grant for it that the value would free.
+func TestRaiseOfAKeyNotAskedForSendsNoValue(t *testing.T) {
+	m := boundAtZero(t)
+	sum := func(at int64) summary {
+		e := summaryEntry{bucket: "token_create", id: m.k.ID, sizeMS: m.size, endMS: m.end, planned: true, cur: 3, curCapped: true}
+		s, err := decodeSummary(packSummaries(at, "a#1", 200, []summaryEntry{e})[0])
+		if err != nil {
+			t.Fatal(err)
+		}
+		return s
+	}
+	m.r.applySummary(sum(m.now), m.env(m.now+1))
+	if c, _ := m.lim.CapIn(m.k, m.size, m.end); c != 3 {
+		t.Fatalf("bound %d after the summary, want 3", c)
+	}
+	if due := m.r.asks.due(m.now + 2); slices.Contains(due, m.k) {
+		t.Fatalf("a raise of a key not asked for sends its value at the next flush: %v", due)
+	}
+	// Once the member asked room for it in the window, a raise does.
+	m.lim.SetCap(m.k, m.size, m.end, 0)
+	a := m.asked(t)
+	m.r.asks.end(m.k, a, 0)
+	m.r.asks.due(a.deadline + 1)
+	m.r.applySummary(sum(a.deadline+2), m.env(a.deadline+3))
+	if due := m.r.asks.due(a.deadline + 4); !slices.Contains(due, m.k) {
+		t.Fatalf("a raise of a key asked for: the next flush sends %v, want its value", due)
+	}
+}

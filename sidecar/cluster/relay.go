@@ -794,12 +794,13 @@ func (r *replicator) applySummary(m summary, env shareEnv) (dropped int) {
 			// held until a report shows the fall. (A raise, or a first bound, it set
 			// aside already.)
 			r.asks.noteGranted(k)
-		case had && e.curCapped && e.cur > before:
-			// A raise, applied or too late to apply: the owner may hold room for this
-			// node's bound until a value shows it (a grant the summary carries), and this
-			// node may have no more demand to send one for. The next flush's value
-			// shows the raised bound, or was sent after the raise could be applied:
-			// either lets the owner go of what it held.
+		case had && e.curCapped && e.cur > before && r.asks.askedIn(k, e.endMS):
+			// A raise, applied or too late to apply, where this node asked for room: the
+			// owner may hold a grant for it that the summary carries until a value shows
+			// the bound, and this node may have no more demand to send one for. The next
+			// flush's value shows the raised bound, or was sent after the raise could be
+			// applied: either lets the owner go of what it held. (Only there: a value
+			// for every raise would undo the waits of lazy values.)
 			r.asks.noteGranted(k)
 		}
 	}
