@@ -95,8 +95,8 @@ import (
 //     owner holds the floor until the asker could no longer apply the summary (its
 //     sentAt plus raiseMS, relay.go), so that value does not free the room the asker
 //     may still take by the summary. The asker sends its value at its next flush after
-//     a summary that would raise its bound, applied or not, so that the room does not
-//     stay held for an asker with no more demand to report.
+//     a summary that would raise its bound in a window it asked in, applied or not, so
+//     that the room does not stay held for an asker with no more demand to report.
 //   - Two borrowers: the owner grants serially, each from what is left after the last.
 //   - A node's own plan lowering a bound a grant just raised only gives room back; plans
 //     and grants are serialized, so no bound is set from a view older than a grant.
