@@ -428,13 +428,13 @@ func (s *slots) shareTick(keys, changed map[limiter.Key]struct{}, env shareEnv) 
 		_, sending := changed[k]
 		sending = sending || env.relay
 		s.planMu.Lock()
-		p, held := s.share(k, env, sending)
+		p, recheck := s.share(k, env, sending)
 		s.planMu.Unlock()
 		if p.curCapped {
 			capped++
 		}
 		s.mu.Lock()
-		if env.grants && (held || p.nextCapped) {
+		if recheck {
 			s.recheck[k] = struct{}{}
 		} else {
 			delete(s.recheck, k)
@@ -448,15 +448,19 @@ func (s *slots) shareTick(keys, changed map[limiter.Key]struct{}, env shareEnv) 
 }
 
 // share sets or lifts k's bounds in the current window and the next; sending says the
-// flush sends k's value anyway. held says the current bound is above this node's count.
-func (s *slots) share(k limiter.Key, env shareEnv, sending bool) (sharePlan, bool) {
+// flush sends k's value anyway. recheck says the plan is to be made again at the next
+// tick though nothing is heard or counted: the grants divide k's limit, and the current
+// bound is above this node's count or the next window is bound. (Share mode alone plans
+// again on what it hears; a plan at every tick of every key it divides cost most of a
+// flush with 1,000 keys.)
+func (s *slots) share(k limiter.Key, env shareEnv, sending bool) (p sharePlan, recheck bool) {
 	snap, _ := s.lim.Lookup(k)
 	v, ok := s.shareView(k, snap, env)
 	if !ok {
 		return sharePlan{}, false
 	}
 	v.sending = sending
-	p := v.plan()
+	p = v.plan()
 	end := v.startMS + v.sizeMS
 	apply := func(end int64, bound int64, on bool) {
 		if on {
@@ -467,7 +471,7 @@ func (s *slots) share(k limiter.Key, env shareEnv, sending bool) (sharePlan, boo
 	}
 	apply(end, p.cur, p.curCapped)
 	apply(end+v.sizeMS, p.next, p.nextCapped)
-	return p, p.curCapped && p.cur > v.self.count
+	return p, v.grants && ((p.curCapped && p.cur > v.self.count) || p.nextCapped)
 }
 
 // shareView gathers what share mode needs of k: this node's count and demand (from
