@@ -3,6 +3,9 @@ package cluster
 import (
 	"slices"
 	"testing"
+	"time"
+
+	"github.com/converger/edge/sidecar/limiter"
 )
 
 func TestAllocate(t *testing.T) {
@@ -222,5 +225,41 @@ func TestSharePlanDeadMemberKeepsOnlyItsCount(t *testing.T) {
 	v.members = 2
 	if p := v.plan(); p.cur != 350 {
 		t.Fatalf("%+v, want 350", p)
+	}
+}
+
+// TestPlanAgainAtEveryTickOnlyWhereGrantsDivide: a key the grants divide is planned
+// again at every tick while its next window is bound (an idle node's bound must fall
+// in time); one above the grants' largest limit only when something is heard or counted.
+func TestPlanAgainAtEveryTickOnlyWhereGrantsDivide(t *testing.T) {
+	lim := limiter.New(limiter.Options{Replicated: true})
+	r := newReplicator(lim, "a#1", true)
+	size := time.Hour.Milliseconds()
+	now := lim.NowMS()
+	end := windowEnd(now, size)
+	env := shareEnv{now: now, intervalMS: 100, live: func(n string) bool { return n == "b" }, members: 2,
+		grants: true, grantMax: 100, names: []string{"a", "b"}, self: "a"}
+	for _, c := range []struct {
+		id      string
+		limit   uint32
+		recheck bool
+	}{{"192.0.2.10", 10, true}, {"192.0.2.11", 1000, false}} {
+		k := limiter.Key{Bucket: lim.Bucket("token_create"), ID: c.id}
+		if !lim.Check(k, 1, limiter.Limit{Count: c.limit, Window: time.Hour}).Allowed {
+			t.Fatalf("limit %d: first check refused", c.limit)
+		}
+		r.slots.merge("b#1", value{bucket: "token_create", id: c.id, sizeMS: size, endMS: end, count: 2, share: true, limit: c.limit}, now, now)
+		touched := r.slots.tick(now)
+		if _, ok := touched[k]; !ok {
+			t.Fatalf("limit %d: the merged key is not planned", c.limit)
+		}
+		r.slots.shareTick(map[limiter.Key]struct{}{k: {}}, nil, env)
+		if _, ok := lim.CapIn(k, size, end+size); !ok {
+			t.Fatalf("limit %d: the next window is not bound", c.limit)
+		}
+		_, again := r.slots.tick(now + 100)[k]
+		if again != c.recheck {
+			t.Errorf("limit %d: planned again at the next tick with nothing heard: %v, want %v", c.limit, again, c.recheck)
+		}
 	}
 }
