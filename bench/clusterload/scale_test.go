@@ -56,6 +56,11 @@ func TestScaleReport(t *testing.T) {
 	if err := r.WritePlot(png); err != nil {
 		t.Fatal(err)
 	}
+	// A run stopped before its first measured row has no plot, and says so.
+	empty := &ScaleReport{Config: r.Config, Rows: r.Rows[:1]}
+	if err := empty.WritePlot(filepath.Join(t.TempDir(), "empty.png")); err == nil {
+		t.Error("a report with only N = 1 plotted")
+	}
 	f, err := os.Open(png)
 	if err != nil {
 		t.Fatal(err)

@@ -1,6 +1,7 @@
 package clusterload
 
 import (
+	"errors"
 	"fmt"
 	"math"
 	"slices"
@@ -33,6 +34,11 @@ func (r *ScaleReport) WritePlot(path string) error {
 		}
 		msgs[l] = append(msgs[l], plotter.XY{X: float64(row.Nodes), Y: max(row.MsgsOut, 0.1)})
 		kb[l] = append(kb[l], plotter.XY{X: float64(row.Nodes), Y: max(row.BytesOut/1000, 0.01)})
+	}
+	if len(lines) == 0 {
+		// A run stopped before its first row of two or more nodes, say: a log scale
+		// has nothing to span.
+		return errors.New("no row of two or more nodes that served a third of its load: nothing to plot")
 	}
 	slices.SortFunc(lines, func(a, b line) int {
 		if a.keys != b.keys {
