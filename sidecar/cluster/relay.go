@@ -568,7 +568,7 @@ func (s *slots) summarizeKey(k limiter.Key, env shareEnv, share bool, reply stri
 			var ok bool
 			if v, p, ok = s.planMember(k, snap, env, m.origin, m.reported, near); ok {
 				e.planned = true
-				recheck = recheck || (v.grants && ((p.curCapped && p.cur > v.self.count) || p.nextCapped))
+				recheck = recheck || v.recheck(p)
 				e.cur, e.curCapped = uint32(min(max(p.cur, 0), math.MaxUint32-1)), p.curCapped
 				e.next, e.nextCapped = uint32(min(max(p.next, 0), math.MaxUint32-1)), p.nextCapped
 				limit = v.limit

@@ -632,6 +632,15 @@ func (v shareView) contended(held int64) bool {
 	return free < short+max((v.limit+freeShare-1)/freeShare, 1)
 }
 
+// recheck says plan p of v is to be made again at the next tick though nothing is heard
+// or counted: the grants divide the limit, and the node's bound is above its count or
+// the next window is bound, so that an idle node's bound falls in time. (Share mode
+// alone plans again on what it hears; a plan at every tick of every key it divides cost
+// most of a flush with 1,000 keys.)
+func (v shareView) recheck(p sharePlan) bool {
+	return v.grants && ((p.curCapped && p.cur > v.self.count) || p.nextCapped)
+}
+
 // farBelow reports that the nodes with demand are projected to count less than a
 // releaseShare-th of the limit in the current window, at their rates so far (needRest):
 // far enough that a part of the free room kept by a node that does not use it leaves

@@ -448,11 +448,8 @@ func (s *slots) shareTick(keys, changed map[limiter.Key]struct{}, env shareEnv) 
 }
 
 // share sets or lifts k's bounds in the current window and the next; sending says the
-// flush sends k's value anyway. recheck says the plan is to be made again at the next
-// tick though nothing is heard or counted: the grants divide k's limit, and the current
-// bound is above this node's count or the next window is bound. (Share mode alone plans
-// again on what it hears; a plan at every tick of every key it divides cost most of a
-// flush with 1,000 keys.)
+// flush sends k's value anyway, recheck that the plan is made again at the next tick
+// (shareView.recheck).
 func (s *slots) share(k limiter.Key, env shareEnv, sending bool) (p sharePlan, recheck bool) {
 	snap, _ := s.lim.Lookup(k)
 	v, ok := s.shareView(k, snap, env)
@@ -471,7 +468,7 @@ func (s *slots) share(k limiter.Key, env shareEnv, sending bool) (p sharePlan, r
 	}
 	apply(end, p.cur, p.curCapped)
 	apply(end+v.sizeMS, p.next, p.nextCapped)
-	return p, v.grants && ((p.curCapped && p.cur > v.self.count) || p.nextCapped)
+	return p, v.recheck(p)
 }
 
 // shareView gathers what share mode needs of k: this node's count and demand (from
