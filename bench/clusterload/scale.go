@@ -130,6 +130,9 @@ type ScaleRow struct {
 	// rest of this node's own protocol's messages: requests for room, answers, relayed
 	// counts and busiest keys.
 	SummaryOut, OwnOtherOut float64
+	// BundleOut is the packets holding several of those messages: requests for room or
+	// answers, or a flush's values, summaries and relayed counts for one member.
+	BundleOut float64
 	// ValuesBytesOut is the counter values' payload bytes sent per node per second.
 	ValuesBytesOut float64
 }
@@ -194,9 +197,9 @@ rows:
 					break rows
 				}
 				row.Binary = b.name
-				logf("%-4s N=%-2d keys=%-4d cpu/node %.3f  served/node %.0f/s  refused %d  sent %.1f KB/s %.0f msg/s  received %.1f KB/s %.0f msg/s  (values %.1f, summary %.1f, own other %.1f msg/s)",
+				logf("%-4s N=%-2d keys=%-4d cpu/node %.3f  served/node %.0f/s  refused %d  sent %.1f KB/s %.0f msg/s  received %.1f KB/s %.0f msg/s  (values %.1f, summary %.1f, own other %.1f, bundle %.1f msg/s)",
 					b.name, n, keys, row.CPU, row.Served, row.Refused, row.BytesOut/1000, row.MsgsOut, row.BytesIn/1000, row.MsgsIn,
-					row.ValuesOut, row.SummaryOut, row.OwnOtherOut)
+					row.ValuesOut, row.SummaryOut, row.OwnOtherOut, row.BundleOut)
 				rep.Rows = append(rep.Rows, row)
 			}
 		}
@@ -299,8 +302,9 @@ func scaleOnce(ctx context.Context, bin, limits string, n, keys, keyBase int, cf
 		row.ValuesOut, row.ViewOut, row.ValuesBytesOut = per(mKindValues), per(mKindView), per(mKindValuesBytes)
 		row.SummaryOut = per(mKindSummary)
 		row.OwnOtherOut = per(mKindAsk) + per(mKindAnswer) + per(mKindRelay) + per(mKindBusy)
+		row.BundleOut = per(mKindBundle)
 	} else {
-		row.SummaryOut, row.OwnOtherOut = -1, -1
+		row.SummaryOut, row.OwnOtherOut, row.BundleOut = -1, -1, -1
 	}
 	return row, nil
 }
@@ -314,13 +318,13 @@ func (r *ScaleReport) WriteMarkdown(w io.Writer) {
 		runinfo.Command("cluster-scale", c.Args), r.Started.UTC().Format(time.RFC3339), fmt.Sprintf("%s, %d CPUs", r.Machine.CPU, r.Machine.NProc), r.Load[0], r.Load[1])
 	fmt.Fprintf(w, "N sidecars on loopback, share mode on, %d ms sync; every node checks every key in turn at %.0f checks/s (limit %d a minute: never reached, so every refusal is below the limit); %v warm-up, %v measured per row; the baseline and the binary under test alternate per configuration. ",
 		c.SyncMS, c.RatePerNode, scaleLimit, c.Warmup, c.Duration)
-	fmt.Fprintf(w, "CPU is each sidecar's utime + stime (cores, mean per node). Traffic is per node per second from `converger_cluster_sync_bytes_total` and `converger_cluster_sync_messages_total`: every packet and stream of the cluster at the transport (memberlist's probes, push/pulls and the live view included), for a baseline from `c433963` on as well (one before it counted its sync messages only, before memberlist's framing, and its state transfers are the `transfer` column). Of the messages sent, `values` are counter values (their payload bytes before memberlist's framing and encryption in `values KB/s`) `view` the live view's queries and minute counts, `summary` the summaries keys' owners send (owner replication) and `own other` the rest of the sidecar's own protocol (requests for room and answers, counts relayed to a new owner, busiest keys) (`converger_cluster_sent_by_kind_messages_total` and `…_bytes_total`; – for a binary without them, 0 for kinds it does not send); the rest are memberlist's probes and gossip.\n\n")
+	fmt.Fprintf(w, "CPU is each sidecar's utime + stime (cores, mean per node). Traffic is per node per second from `converger_cluster_sync_bytes_total` and `converger_cluster_sync_messages_total`: every packet and stream of the cluster at the transport (memberlist's probes, push/pulls and the live view included), for a baseline from `c433963` on as well (one before it counted its sync messages only, before memberlist's framing, and its state transfers are the `transfer` column). Of the messages sent, `values` are counter values (their payload bytes before memberlist's framing and encryption in `values KB/s`) `view` the live view's queries and minute counts, `summary` the summaries keys' owners send (owner replication), `own other` the rest of the sidecar's own protocol (requests for room and answers, counts relayed to a new owner, busiest keys) and `bundle` the packets that hold several of those (requests for room or answers, or a flush's values and summaries for one member; counted there only) (`converger_cluster_sent_by_kind_messages_total` and `…_bytes_total`; – for a binary without them, 0 for kinds it does not send); the rest are memberlist's probes and gossip.\n\n")
 	if c.Out != "" {
 		base := filepath.Base(c.Out)
 		fmt.Fprintf(w, "![Messages and kilobytes sent per node against N](%s.png)\n\n", strings.TrimSuffix(base, filepath.Ext(base)))
 	}
-	fmt.Fprintf(w, "| binary | N | keys | CPU/node | other CPU | served/node/s | refused | errors | sent KB/s | sent msg/s | recv KB/s | recv msg/s | transfer KB/s | values msg/s | values KB/s | view msg/s | summary msg/s | own other msg/s |\n")
-	fmt.Fprintf(w, "| --- | --: | --: | --: | --: | --: | --: | --: | --: | --: | --: | --: | --: | --: | --: | --: | --: | --: |\n")
+	fmt.Fprintf(w, "| binary | N | keys | CPU/node | other CPU | served/node/s | refused | errors | sent KB/s | sent msg/s | recv KB/s | recv msg/s | transfer KB/s | values msg/s | values KB/s | view msg/s | summary msg/s | own other msg/s | bundle msg/s |\n")
+	fmt.Fprintf(w, "| --- | --: | --: | --: | --: | --: | --: | --: | --: | --: | --: | --: | --: | --: | --: | --: | --: | --: | --: |\n")
 	orDash := func(v float64) string {
 		if v < 0 {
 			return "–"
@@ -334,9 +338,9 @@ func (r *ScaleReport) WriteMarkdown(w io.Writer) {
 		return fmt.Sprintf("%.2f", v/1000)
 	}
 	for _, x := range r.Rows {
-		fmt.Fprintf(w, "| %s | %d | %d | %.3f | %.2f | %.0f | %d | %d | %.1f | %.0f | %.1f | %.0f | %.2f | %s | %s | %s | %s | %s |\n",
+		fmt.Fprintf(w, "| %s | %d | %d | %.3f | %.2f | %.0f | %d | %d | %.1f | %.0f | %.1f | %.0f | %.2f | %s | %s | %s | %s | %s | %s |\n",
 			x.Binary, x.Nodes, x.Keys, x.CPU, x.Other, x.Served, x.Refused, x.Errors, x.BytesOut/1000, x.MsgsOut, x.BytesIn/1000, x.MsgsIn, x.Transfer/1000,
-			orDash(x.ValuesOut), kb(x.ValuesBytesOut), orDash(x.ViewOut), orDash(x.SummaryOut), orDash(x.OwnOtherOut))
+			orDash(x.ValuesOut), kb(x.ValuesBytesOut), orDash(x.ViewOut), orDash(x.SummaryOut), orDash(x.OwnOtherOut), orDash(x.BundleOut))
 	}
 	if r.Failed != nil {
 		fmt.Fprintf(w, "\nThe run stopped early: %s.\n", strings.ReplaceAll(r.Failed.Error(), "\n", "; "))

@@ -203,6 +203,9 @@ const (
 	mKindAnswer  = `converger_cluster_sent_by_kind_messages_total{kind="answer"}`
 	mKindRelay   = `converger_cluster_sent_by_kind_messages_total{kind="relay"}`
 	mKindBusy    = `converger_cluster_sent_by_kind_messages_total{kind="busy"}`
+	// mKindBundle is the packets holding several of the messages above: requests for
+	// room or answers, or a flush's values, summaries and relayed counts for one member.
+	mKindBundle = `converger_cluster_sent_by_kind_messages_total{kind="bundle"}`
 	// mKindValuesBytes is the values' payload bytes.
 	mKindValuesBytes = `converger_cluster_sent_by_kind_bytes_total{kind="values"}`
 	mTransferSent    = `converger_cluster_state_transfer_bytes_total{direction="sent"}`
