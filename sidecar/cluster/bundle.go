@@ -15,15 +15,24 @@ import (
 // request was hundreds of packets in a few milliseconds, each through memberlist's
 // queues and handler, so that answers missed the grants' wait.
 //
-//	bundle := bundleKind(1 byte) count(uvarint) { length(uvarint) message }*count
+// Sync bundles: in owner replication a flush has, for one member, its values of the keys
+// the member owns, the member's summaries of the keys this node owns and counts relayed
+// to it; they go in one packet (relay.go), so that a node's packets grow with the
+// members it syncs with, not with the kinds of message it has for each.
 //
-// A bundle holds asks and answers only (grant.go), at least two and at most maxBundled.
-// A node sends one only to members that announce featureBundle in the second byte of
-// their metadata, so nodes of earlier releases never get them.
+//	bundle := kind(1 byte: bundleKind or syncBundleKind) count(uvarint) { length(uvarint) message }*count
+//
+// A bundle holds asks and answers only (grant.go), a sync bundle values (version 3),
+// summaries and relayed counts only; each at least two messages and at most maxBundled.
+// A node sends one only to members that announce featureBundle (featureSyncBundle) in
+// the second byte of their metadata, so nodes of earlier releases never get them.
 const (
-	bundleKind byte = 'U'
-	// featureBundle, in the second byte of a member's metadata, says it reads bundles.
-	featureBundle byte = 8
+	bundleKind     byte = 'U'
+	syncBundleKind byte = 'P'
+	// featureBundle, in the second byte of a member's metadata, says it reads bundles;
+	// featureSyncBundle, sync bundles.
+	featureBundle     byte = 8
+	featureSyncBundle byte = 32
 	// askLinger is how long a request for room waits for others to the same member
 	// before its bundle goes.
 	askLinger = time.Millisecond
@@ -31,14 +40,14 @@ const (
 	maxBundled = 64
 )
 
-// encodeBundle puts msgs (two or more) in one bundle.
-func encodeBundle(msgs [][]byte) []byte {
+// encodeBundle puts msgs (two or more) in one bundle of kind.
+func encodeBundle(kind byte, msgs [][]byte) []byte {
 	size := 1 + binary.MaxVarintLen64
 	for _, m := range msgs {
 		size += binary.MaxVarintLen64 + len(m)
 	}
 	b := make([]byte, 0, size)
-	b = append(b, bundleKind)
+	b = append(b, kind)
 	b = binary.AppendUvarint(b, uint64(len(msgs)))
 	for _, m := range msgs {
 		b = binary.AppendUvarint(b, uint64(len(m)))
@@ -47,10 +56,11 @@ func encodeBundle(msgs [][]byte) []byte {
 	return b
 }
 
-// decodeBundle returns a bundle's messages (slices of b): asks and answers, each
-// decoded by its own kind's decoder after.
-func decodeBundle(b []byte) ([][]byte, error) {
-	if len(b) < 1 || b[0] != bundleKind {
+// decodeBundle returns the messages (slices of b) of a bundle of kind: asks and
+// answers, or for a sync bundle values, summaries and relayed counts; each decoded by
+// its own kind's decoder after.
+func decodeBundle(kind byte, b []byte) ([][]byte, error) {
+	if len(b) < 1 || b[0] != kind {
 		return nil, errMalformed
 	}
 	r := reader{b: b[1:]}
@@ -66,7 +76,7 @@ func decodeBundle(b []byte) ([][]byte, error) {
 		}
 		m := r.b[:size:size]
 		r.b = r.b[size:]
-		if m[0] != askKind && m[0] != answerKind {
+		if !bundled(kind, m[0]) {
 			return nil, errMalformed
 		}
 		msgs = append(msgs, m)
@@ -77,9 +87,17 @@ func decodeBundle(b []byte) ([][]byte, error) {
 	return msgs, nil
 }
 
+// bundled reports whether a bundle of kind may hold a message of kind m.
+func bundled(kind, m byte) bool {
+	if kind == syncBundleKind {
+		return m == version3 || m == summaryKind || m == relayKind
+	}
+	return m == askKind || m == answerKind
+}
+
 // packBundles splits msgs into packets of at most about maxPacket bytes: a message
-// alone as itself, two or more as a bundle.
-func packBundles(msgs [][]byte) [][]byte {
+// alone as itself, two or more as a bundle of kind.
+func packBundles(kind byte, msgs [][]byte) [][]byte {
 	var out [][]byte
 	for len(msgs) > 0 {
 		n, size := 1, len(msgs[0])
@@ -90,7 +108,7 @@ func packBundles(msgs [][]byte) [][]byte {
 		if n == 1 {
 			out = append(out, msgs[0])
 		} else {
-			out = append(out, encodeBundle(msgs[:n]))
+			out = append(out, encodeBundle(kind, msgs[:n]))
 		}
 		msgs = msgs[n:]
 	}
@@ -99,6 +117,11 @@ func packBundles(msgs [][]byte) [][]byte {
 
 // takesBundles reports whether a member's metadata announces bundles.
 func takesBundles(meta []byte) bool { return len(meta) >= 2 && meta[1]&featureBundle != 0 }
+
+// takesSyncBundles reports whether a member's metadata announces sync bundles.
+func takesSyncBundles(meta []byte) bool {
+	return len(meta) >= 2 && meta[1]&featureSyncBundle != 0
+}
 
 // outbox holds the requests for room waiting askLinger for others to the same member.
 type outbox struct {
@@ -162,7 +185,7 @@ func (c *Cluster) sendBundled(n *memberlist.Node, kind string, msgs [][]byte) {
 		}
 		return
 	}
-	for _, p := range packBundles(msgs) {
+	for _, p := range packBundles(bundleKind, msgs) {
 		if p[0] == bundleKind {
 			c.send(n, kindBundle, p)
 		} else {
@@ -174,7 +197,7 @@ func (c *Cluster) sendBundled(n *memberlist.Node, kind string, msgs [][]byte) {
 // receiveBundle handles a bundle's asks and answers, and answers the asks of each asker
 // in one bundle.
 func (c *Cluster) receiveBundle(b []byte) {
-	msgs, err := decodeBundle(b)
+	msgs, err := decodeBundle(bundleKind, b)
 	if err != nil {
 		c.m.malformed.Inc()
 		return

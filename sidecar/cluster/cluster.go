@@ -15,7 +15,6 @@ import (
 	"io"
 	"log"
 	"log/slog"
-	"maps"
 	"math"
 	"net"
 	"os"
@@ -522,39 +521,52 @@ func (c *Cluster) flush(now int64) {
 
 // sendRelayed sends what a flush in owner replication has for each member: its values
 // of the keys the member owns, the member's summaries of the keys this node owns, and
-// the counts relayed to it as their keys' new owner (relay.go).
+// the counts relayed to it as their keys' new owner (relay.go); in as few packets as
+// they fit (sync bundles, bundle.go) to a member that reads them.
 func (c *Cluster) sendRelayed(now int64, env shareEnv, res flushResult) {
+	byName := map[string][][]byte{}
+	for name, vs := range res.routed {
+		byName[name] = append(byName[name], pack3(now, c.origin, vs)...)
+	}
+	for name, es := range res.summaries {
+		byName[name] = append(byName[name], packSummaries(now, c.origin, env.raiseMS(), es)...)
+	}
+	for name, byOrigin := range res.relays {
+		byName[name] = append(byName[name], packRelay(now, byOrigin)...)
+	}
 	c.membersMu.Lock()
-	nodes := make(map[string]memberlist.Node, len(res.routed)+len(res.summaries)+len(res.relays))
-	for _, to := range [][]string{slices.Collect(maps.Keys(res.routed)), slices.Collect(maps.Keys(res.summaries)), slices.Collect(maps.Keys(res.relays))} {
-		for _, name := range to {
-			if n, ok := c.members[name]; ok && name != c.cfg.NodeName {
-				nodes[name] = n
-			}
+	nodes := make(map[string]memberlist.Node, len(byName))
+	for name := range byName {
+		if n, ok := c.members[name]; ok && name != c.cfg.NodeName {
+			nodes[name] = n
 		}
 	}
 	c.membersMu.Unlock()
-	for name, vs := range res.routed {
-		if n, ok := nodes[name]; ok {
-			for _, msg := range pack3(now, c.origin, vs) {
-				c.send(&n, kindValues, msg)
-			}
+	for name, msgs := range byName {
+		n, ok := nodes[name]
+		if !ok {
+			continue
+		}
+		if takesSyncBundles(n.Meta) {
+			msgs = packBundles(syncBundleKind, msgs)
+		}
+		for _, m := range msgs {
+			c.send(&n, syncKindOf(m[0]), m)
 		}
 	}
-	for name, es := range res.summaries {
-		if n, ok := nodes[name]; ok {
-			for _, msg := range packSummaries(now, c.origin, env.raiseMS(), es) {
-				c.send(&n, kindSummary, msg)
-			}
-		}
+}
+
+// syncKindOf is the metrics' kind of a message sendRelayed sends, by its first byte.
+func syncKindOf(b byte) string {
+	switch b {
+	case syncBundleKind:
+		return kindBundle
+	case summaryKind:
+		return kindSummary
+	case relayKind:
+		return kindRelay
 	}
-	for name, byOrigin := range res.relays {
-		if n, ok := nodes[name]; ok {
-			for _, msg := range packRelay(now, byOrigin) {
-				c.send(&n, kindRelay, msg)
-			}
-		}
-	}
+	return kindValues
 }
 
 // send hands msg to memberlist for n (best effort: one UDP packet) and counts it by kind.
@@ -979,7 +991,7 @@ func (d *delegate) NodeMeta(int) []byte {
 		features |= featureGrants | featureBundle
 	}
 	if !d.c().cfg.Broadcast {
-		features |= featureRelay | featureHandover
+		features |= featureRelay | featureHandover | featureSyncBundle
 	}
 	meta := binary.AppendUvarint([]byte{version, features}, uint64(d.c().cfg.GrantMaxLimit))
 	return append(meta, d.c().origin[len(d.c().cfg.NodeName)+1:]...)
@@ -1085,6 +1097,16 @@ func (c *Cluster) receiveMsg(b []byte) {
 			return
 		case busyKind:
 			c.receiveBusy(b)
+			return
+		case syncBundleKind:
+			msgs, err := decodeBundle(syncBundleKind, b)
+			if err != nil {
+				c.m.malformed.Inc()
+				return
+			}
+			for _, m := range msgs {
+				c.receiveMsg(m)
+			}
 			return
 		}
 	}

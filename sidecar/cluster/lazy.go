@@ -141,9 +141,8 @@ const lazySlack = 10
 // dueWaiting returns the waiting keys whose wait is over at env.now, and forgets them
 // and the keys of ended windows. When the flush sends values anyway (the keys of
 // sending, or some wait is over), those due within lazySlack intervals go too (in owner
-// replication, those whose owner gets a packet anyway).
-func (r *replicator) dueWaiting(env shareEnv, sending []limiter.Key) []limiter.Key {
-	var due []limiter.Key
+// replication, those whose owner gets a packet anyway: to, which it returns).
+func (r *replicator) dueWaiting(env shareEnv, sending []limiter.Key) (due []limiter.Key, to map[string]struct{}) {
 	for k, at := range r.waiting {
 		last, ok := r.sent[k]
 		if !ok || last.endMS <= env.now {
@@ -157,7 +156,6 @@ func (r *replicator) dueWaiting(env shareEnv, sending []limiter.Key) []limiter.K
 			delete(r.waiting, k)
 		}
 	}
-	var to map[string]struct{} // owner replication: the owners getting a packet anyway
 	if env.relay {
 		to = map[string]struct{}{}
 		for _, k := range sending {
@@ -166,8 +164,20 @@ func (r *replicator) dueWaiting(env shareEnv, sending []limiter.Key) []limiter.K
 		due = r.pace(due, to, env)
 	}
 	if len(sending) == 0 && len(due) == 0 {
-		return due
+		return due, to
 	}
+	due = append(due, r.takeAlong(env, to)...)
+	for o := range to {
+		r.packetTo[o] = env.now
+	}
+	return due, to
+}
+
+// takeAlong returns, and forgets, the waiting keys due within lazySlack intervals (a
+// quarter of their wait at most): in owner replication, of the owners in to only, which
+// get a packet anyway.
+func (r *replicator) takeAlong(env shareEnv, to map[string]struct{}) []limiter.Key {
+	var along []limiter.Key
 	for k, at := range r.waiting {
 		if at-env.now > min(lazySlack*env.intervalMS, (at-r.sent[k].at)/4) {
 			continue
@@ -177,13 +187,10 @@ func (r *replicator) dueWaiting(env shareEnv, sending []limiter.Key) []limiter.K
 				continue
 			}
 		}
-		due = append(due, k)
+		along = append(along, k)
 		delete(r.waiting, k)
 	}
-	for o := range to {
-		r.valuesTo[o] = env.now
-	}
-	return due
+	return along
 }
 
 // pace keeps, of the values whose wait is over (due), those whose owner gets a packet
@@ -195,17 +202,17 @@ func (r *replicator) pace(due []limiter.Key, to map[string]struct{}, env shareEn
 	for _, k := range due {
 		o := env.ownerOf(r.lim.BucketName(k.Bucket), k.ID)
 		_, sending := to[o]
-		if last, ok := r.valuesTo[o]; sending || !ok || env.now-last >= pace || r.sent[k].endMS-env.now <= env.intervalMS {
+		if last, ok := r.packetTo[o]; sending || !ok || env.now-last >= pace || r.sent[k].endMS-env.now <= env.intervalMS {
 			to[o] = struct{}{}
 			kept = append(kept, k)
 			continue
 		}
-		r.waiting[k] = r.valuesTo[o] + pace
+		r.waiting[k] = r.packetTo[o] + pace
 	}
-	if len(r.valuesTo) > 2*len(env.names)+16 {
-		for o, at := range r.valuesTo {
+	if len(r.packetTo) > 2*len(env.names)+16 {
+		for o, at := range r.packetTo {
 			if env.now-at > 4*pace {
-				delete(r.valuesTo, o)
+				delete(r.packetTo, o)
 			}
 		}
 	}

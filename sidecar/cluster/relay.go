@@ -34,6 +34,9 @@ import (
 // after a wait as lazy values do (a flush that sends the member a summary anyway takes
 // along every other changed one). A member that only reads a key (Peek: the rate limit
 // service's hits_addend 0, the console) reports a value of 0 to say it wants the count.
+// What a flush has for one member, its values, summaries and relayed counts, goes in one
+// packet (a sync bundle, bundle.go), and what waits for that member goes along when due
+// soon: values and summaries share one pace per member (paceMS, packetTo).
 //
 // Raises and falls. A bound the owner lowers is still set aside for the member until
 // the member's report shows it (the member may have used it). A raise the member
@@ -305,7 +308,7 @@ func decodeRelay(b []byte) ([]message, error) {
 }
 
 // paceMS is, in owner replication, the shortest time between two packets to one member
-// that carry only values (or summaries) that waited (lazy.go). Such values come due at
+// that carry only values or summaries that waited (lazy.go). Such values come due at
 // every moment; sent as they come due, with those due within lazySlack intervals, each
 // owner would get a packet about every lazySlack intervals, and a node's packets would
 // grow with the number of members. So beyond 3 members a member gets them at most every
@@ -374,8 +377,9 @@ func (r *replicator) reroute(env shareEnv) (again []limiter.Key, relays map[stri
 }
 
 // summarize returns the summaries due at env.now of the keys this node owns among keys
-// (and of those whose lazy summaries are due), by member name.
-func (r *replicator) summarize(keys map[limiter.Key]struct{}, env shareEnv) map[string][]summaryEntry {
+// (and of those whose lazy summaries are due), by member name; the members of along get
+// a packet of values from this flush anyway.
+func (r *replicator) summarize(keys map[limiter.Key]struct{}, env shareEnv, along map[string]struct{}) map[string][]summaryEntry {
 	for k, at := range r.sumWaiting {
 		if at <= env.now {
 			keys[k] = struct{}{}
@@ -402,7 +406,7 @@ func (r *replicator) summarize(keys map[limiter.Key]struct{}, env shareEnv) map[
 			delete(r.sumRecheck, k)
 		}
 	}
-	return r.choose(cands, env)
+	return r.choose(cands, env, along)
 }
 
 // candidate is an entry a summary may carry: must, when it is due now; else it goes
@@ -412,29 +416,36 @@ type candidate struct {
 	k     limiter.Key
 	e     summaryEntry
 	must  bool
-	lazy  bool // must only as its wait is over: paced (paceMS)
-	due   int64
+	lazy  bool  // must only as its wait is over: paced (paceMS)
+	due   int64 // when it is due, since the member's last summary (since)
+	since int64
 	apply func() // notes it sent (the caller holds no lock)
 }
 
-// choose keeps the candidates due now, and those of members that get a summary anyway;
-// the others wait (sumWaiting).
+// choose keeps the candidates due now, and those of members that get a packet anyway (a
+// summary, or values: along); the others wait (sumWaiting).
 // Those due only as their wait is over go to a member at most every paceMS.
-func (r *replicator) choose(cands []candidate, env shareEnv) map[string][]summaryEntry {
+func (r *replicator) choose(cands []candidate, env shareEnv, along map[string]struct{}) map[string][]summaryEntry {
 	pace := env.paceMS()
 	sending := map[string]bool{}
 	for _, c := range cands {
 		if c.must && !sending[c.to] {
-			last, ok := r.summariesTo[c.to]
-			sending[c.to] = !c.lazy || !ok || env.now-last >= pace
+			last, ok := r.packetTo[c.to]
+			_, withValues := along[c.to]
+			sending[c.to] = withValues || !c.lazy || !ok || env.now-last >= pace
 		}
 	}
 	var out map[string][]summaryEntry
 	for _, c := range cands {
-		if !sending[c.to] {
+		_, withValues := along[c.to]
+		// A member that gets values and no summary: the entries due within lazySlack
+		// intervals (a quarter of their wait at most) go with them, as waiting values
+		// go with a packet to their owner (lazy.go, takeAlong).
+		soon := withValues && c.due-env.now <= min(lazySlack*env.intervalMS, (c.due-c.since)/4)
+		if !sending[c.to] && !soon {
 			due := c.due
 			if c.must {
-				due = r.summariesTo[c.to] + pace
+				due = r.packetTo[c.to] + pace
 			}
 			if at, ok := r.sumWaiting[c.k]; !ok || due < at {
 				r.sumWaiting[c.k] = due
@@ -450,14 +461,7 @@ func (r *replicator) choose(cands []candidate, env shareEnv) map[string][]summar
 		r.slots.planMu.Unlock()
 	}
 	for to := range out {
-		r.summariesTo[to] = env.now
-	}
-	if len(r.summariesTo) > 2*len(env.names)+16 {
-		for to, at := range r.summariesTo {
-			if env.now-at > 4*pace {
-				delete(r.summariesTo, to)
-			}
-		}
+		r.packetTo[to] = env.now
 	}
 	return out
 }
@@ -465,7 +469,7 @@ func (r *replicator) choose(cands []candidate, env shareEnv) map[string][]summar
 // replies returns the summaries a key's owner sends at once to the origin of a message
 // it merged, of the keys it owns in it: the first of the window, bounds the report moves,
 // and the others' count near the limit, as a flush would send them, a flush's wait
-// sooner.
+// sooner (not what only waited: the next flush sends it).
 func (r *replicator) replies(m message, env shareEnv) []summaryEntry {
 	if !env.relay {
 		return nil
@@ -488,7 +492,9 @@ func (r *replicator) replies(m message, env shareEnv) []summaryEntry {
 	}
 	var out []summaryEntry
 	for _, c := range cands {
-		if c.must {
+		// An entry that only waited (paced) goes with the next flush's packet to the
+		// member, which takes along what else waits for it, not in a packet of its own.
+		if c.must && !c.lazy {
 			out = append(out, c.e)
 			r.slots.planMu.Lock()
 			c.apply()
@@ -587,7 +593,7 @@ func (s *slots) summarizeKey(k limiter.Key, env shareEnv, share bool, reply stri
 		// The bounds go only when they change: an entry without them leaves the member's
 		// as they are (a grant it applied since, say).
 		e.planned = e.planned && sl.boundsChanged(e, v.self, v.limit, env.members, env.now, env.intervalMS)
-		c := candidate{to: m.name, k: k, due: env.now}
+		c := candidate{to: m.name, k: k, due: env.now, since: sl.sumAt}
 		switch {
 		case m.first || e.planned:
 			c.must = true

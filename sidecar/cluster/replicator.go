@@ -33,9 +33,10 @@ type replicator struct {
 	lastRelay  bool
 	sumWaiting map[limiter.Key]int64
 	sumRecheck map[limiter.Key]struct{}
-	// valuesTo and summariesTo are when this node last sent each member values and
-	// summaries: what only waited goes to a member at most every paceMS (relay.go).
-	valuesTo, summariesTo map[string]int64
+	// packetTo is when this node last sent each member values or summaries: what only
+	// waited goes to a member at most every paceMS (relay.go), with what the member gets
+	// anyway, values and summaries in one packet (sync bundles, bundle.go).
+	packetTo map[string]int64
 	// awaiting holds the keys this node sent a first value or request for room of a
 	// window to their owner and has had no summary of since; silent the owners that let
 	// one wait longer than ownerWait (by when noticed), until they are heard from.
@@ -51,7 +52,7 @@ func newReplicator(lim *limiter.Limiter, origin string, share bool) *replicator 
 	return &replicator{lim: lim, origin: origin, slots: newSlots(lim, origin), share: share,
 		sent: map[limiter.Key]sentAt{}, waiting: map[limiter.Key]int64{},
 		sumWaiting: map[limiter.Key]int64{}, sumRecheck: map[limiter.Key]struct{}{},
-		valuesTo: map[string]int64{}, summariesTo: map[string]int64{},
+		packetTo: map[string]int64{},
 		awaiting: map[limiter.Key]awaited{}, silent: map[string]int64{}}
 }
 
@@ -117,7 +118,7 @@ func (r *replicator) flush(env shareEnv) flushResult {
 			urgent = append(urgent, k)
 		}
 	}
-	due := r.dueWaiting(env, slices.Concat(urgent, r.resend))
+	due, to := r.dueWaiting(env, slices.Concat(urgent, r.resend))
 	var bounds []limiter.Key // share mode's bounds to send, counted or not
 	if r.share {
 		changed := make(map[limiter.Key]struct{}, len(urgent)+len(due))
@@ -140,7 +141,18 @@ func (r *replicator) flush(env shareEnv) flushResult {
 		r.asks.sweep(env.now)
 	}
 	if env.relay {
-		res.summaries = r.summarize(owned, env)
+		res.summaries = r.summarize(owned, env, to)
+		// A member that gets a summary and no values: its waiting values due soon go
+		// along, in the same packet.
+		extra := map[string]struct{}{}
+		for m := range res.summaries {
+			if _, ok := to[m]; !ok {
+				extra[m] = struct{}{}
+			}
+		}
+		if len(extra) > 0 {
+			due = append(due, r.takeAlong(env, extra)...)
+		}
 	}
 	done := make(map[limiter.Key]struct{}, len(keys)+len(r.resend)+len(bounds)+len(due))
 	var resend []limiter.Key

@@ -64,6 +64,12 @@ type simCluster struct {
 	// allowed[w][i] is what node i allowed in window w (index from the first run).
 	allowed map[int64][]int
 	refused map[int64][]int // by the share-mode bound: the rest of what was asked
+	// keys, when above 1, spreads each node's checks over that many keys in turn (the
+	// allowed and refused counts are then of all of them); checks counts each node's.
+	keys   int
+	checks []int
+	// pairs, when set, counts the packets from node i to node j.
+	pairs map[[2]int]int
 }
 
 // newSim returns n nodes at the start of a window, flushing at the given phases (ms
@@ -73,7 +79,7 @@ func newSim(n int, intervalMS int64, phases []int64, share bool, limit uint32) *
 	c.set(t0)
 	s := &simCluster{clock: c, intervalMS: intervalMS, delayMS: 1, version: version2,
 		limit: limiter.Limit{Count: limit, Window: time.Second}, key: "198.51.100.1",
-		allowed: map[int64][]int{}, refused: map[int64][]int{}}
+		allowed: map[int64][]int{}, refused: map[int64][]int{}, checks: make([]int, n)}
 	for i := range n {
 		name := fmt.Sprintf("n%d", i+1)
 		lim := limiter.New(limiter.Options{Now: c.now, Replicated: true})
@@ -109,6 +115,9 @@ func (s *simCluster) send(now int64, i, j int, data []byte) {
 		return
 	}
 	s.packets++
+	if s.pairs != nil {
+		s.pairs[[2]int{i, j}]++
+	}
 	at := now + s.delayMS
 	if s.rng != nil {
 		if s.rng.Float64() < s.loss {
@@ -124,6 +133,14 @@ func (s *simCluster) deliver(now int64, m simMsg) {
 	n := s.nodes[m.to]
 	env := s.envOf(m.to, now)
 	switch m.data[0] {
+	case syncBundleKind:
+		msgs, err := decodeBundle(syncBundleKind, m.data)
+		if err != nil {
+			panic(err)
+		}
+		for _, b := range msgs {
+			s.deliver(now, simMsg{at: m.at, from: m.from, to: m.to, data: b})
+		}
 	case summaryKind:
 		sum, err := decodeSummary(m.data)
 		if err != nil {
@@ -277,18 +294,19 @@ func (s *simCluster) run(ms int64, load func(now int64, i int) int) {
 			res := n.rep.flush(env)
 			s.values += len(res.values)
 			if env.relay {
+				// What goes to one member, in as few packets as it fits (Cluster.sendRelayed).
+				byTo := map[string][][]byte{}
 				for to, vs := range res.routed {
-					for _, b := range pack3(now, n.rep.origin, vs) {
-						s.send(now, i, s.index(to), b)
-					}
+					byTo[to] = append(byTo[to], pack3(now, n.rep.origin, vs)...)
 				}
 				for to, es := range res.summaries {
-					for _, b := range packSummaries(now, n.rep.origin, env.raiseMS(), es) {
-						s.send(now, i, s.index(to), b)
-					}
+					byTo[to] = append(byTo[to], packSummaries(now, n.rep.origin, env.raiseMS(), es)...)
 				}
 				for to, byOrigin := range res.relays {
-					for _, b := range packRelay(now, byOrigin) {
+					byTo[to] = append(byTo[to], packRelay(now, byOrigin)...)
+				}
+				for to, msgs := range byTo {
+					for _, b := range packBundles(syncBundleKind, msgs) {
 						s.send(now, i, s.index(to), b)
 					}
 				}
@@ -322,6 +340,11 @@ func (s *simCluster) run(ms int64, load func(now int64, i int) int) {
 			}
 			k := limiter.Key{Bucket: n.lim.Bucket("token_create"), ID: s.key}
 			for range load(now, i) {
+				if s.keys > 1 {
+					// Every key in turn: node i's c-th check of all goes to key c mod keys.
+					k.ID = fmt.Sprintf("%s/%d", s.key, s.checks[i]%s.keys)
+					s.checks[i]++
+				}
 				if n.lim.Check(k, 1, s.limit).Allowed {
 					s.allowed[w][i]++
 				} else {
@@ -940,5 +963,50 @@ func TestSimLazyValuesFarFromTheLimit(t *testing.T) {
 		c.name = "10 s windows, " + c.name
 		c.nodes, c.intervalMS, c.limit, c.windows, c.from, c.tweak = 3, 100, 3000, 3, 1, long
 		c.run(t, true)
+	}
+}
+
+// TestSimOnePacketPerMemberAtATime: 20 keys far below their limits, every node checking
+// every key once an interval (the bench's busy tenant behind every pod). In the middle
+// of a window, what only waited goes to each member at most once a pace (beyond 3
+// members) or a lazy wait: a node's values for a member (as the owner of keys it counts)
+// and its summaries for it (as a member counting keys it owns) go in the same packet,
+// and an owner's answer to a report does not carry what only waited in a packet of its
+// own; one more may go that does not wait (a bound that moved). (Paced apart, or with
+// each answer in a packet, a member got up to twice as many.)
+func TestSimOnePacketPerMemberAtATime(t *testing.T) {
+	for _, n := range []int{3, 20} {
+		s := newSim(n, 100, []int64{0, 33, 67}, true, 1_000_000)
+		s.limit.Window = time.Minute
+		s.keys = 20
+		load := func(now int64, i int) int {
+			if (now+int64(i))%5 == 0 {
+				return 1
+			}
+			return 0
+		}
+		s.run(s.windowMS()+2000, load) // 2 s into a window
+		s.pairs = map[[2]int]int{}
+		const span = 56_000 // to 2 s before its end
+		s.run(span, load)
+		env := s.envOf(0, s.clock.ms.Load())
+		every := max(env.paceMS(), lazyAfter(env, s.windowMS()))
+		most := 0
+		for _, c := range s.pairs {
+			most = max(most, c)
+		}
+		want := int(span/every) + 2
+		t.Logf("%d nodes: %d pairs, at most %d packets from a node to a member in %d s (one every %d ms and one more: %d)",
+			n, len(s.pairs), most, span/1000, every, want)
+		if most > want || len(s.pairs) == 0 {
+			t.Errorf("%d nodes: a node sent a member %d packets in %d s, want at most one every %d ms and one more (%d)", n, most, span/1000, every, want)
+		}
+		for w, r := range s.refused {
+			for i, x := range r {
+				if x > 0 {
+					t.Errorf("%d nodes, window %d: node %d refused %d far below the limit", n, w, i, x)
+				}
+			}
+		}
 	}
 }
