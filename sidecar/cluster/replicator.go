@@ -169,6 +169,7 @@ func (r *replicator) flush(env shareEnv) flushResult {
 			continue
 		}
 		end := windowEnd(env.now, s.SizeMS)
+		read := s.ReadEndMS == end
 		if s.EndMS != end {
 			// Nothing counted here in the current window.
 			s = limiter.Snapshot{SizeMS: s.SizeMS, EndMS: end, Limit: s.Limit}
@@ -178,9 +179,10 @@ func (r *replicator) flush(env shareEnv) flushResult {
 			case i < len(bounds):
 				// A bound sent alone.
 				s.Cap, s.Capped = r.lim.CapIn(k, s.SizeMS, end)
-			case env.relay && !r.slots.known(k, s.SizeMS, end):
+			case env.relay && read && !r.slots.known(k, s.SizeMS, end):
 				// Read here (Peek), not counted: a value of 0 asks the owner for the
-				// count (relay.go).
+				// count (relay.go). (Not for a count of the window before, changed
+				// after its last flush: nothing here wants this window's.)
 				s.Cap, s.Capped = r.lim.CapIn(k, s.SizeMS, end)
 			default:
 				continue // nothing of ours to send

@@ -70,6 +70,7 @@ type simCluster struct {
 	checks []int
 	// pairs, when set, counts the packets from node i to node j.
 	pairs map[[2]int]int
+	kinds map[string]int
 }
 
 // newSim returns n nodes at the start of a window, flushing at the given phases (ms
@@ -115,6 +116,16 @@ func (s *simCluster) send(now int64, i, j int, data []byte) {
 		return
 	}
 	s.packets++
+	if s.kinds != nil {
+		k := string(data[0])
+		if data[0] == syncBundleKind {
+			msgs, _ := decodeBundle(syncBundleKind, data)
+			for _, m := range msgs {
+				k += string(m[0])
+			}
+		}
+		s.kinds[k]++
+	}
 	if s.pairs != nil {
 		s.pairs[[2]int{i, j}]++
 	}
@@ -1008,5 +1019,47 @@ func TestSimOnePacketPerMemberAtATime(t *testing.T) {
 				}
 			}
 		}
+	}
+}
+
+// TestSimNoValueForTheWindowBefore: a node whose last check of a key came after its
+// last flush of a window sends nothing of it at the next window's first flush (its
+// count of the window before is of no use to anyone now, and a value of 0 there asks
+// the owner for a count nothing here wants); a read of the key in the new window does
+// ask for the count, and gets it.
+func TestSimNoValueForTheWindowBefore(t *testing.T) {
+	s := newSim(3, 100, []int64{50, 0, 0}, true, 1000)
+	for i := 0; ; i++ {
+		if id := fmt.Sprintf("198.51.100.%d", i); ownerOf("token_create", id, s.liveNames()) == "n3" {
+			s.key = id
+			break
+		}
+	}
+	// n1 checks the key at 500 ms and at 990 ms of the first window (after its last
+	// flush in it, at 950 ms), n2 at 1,010 ms, in the second.
+	load := func(now int64, i int) int {
+		switch d := now - t0; {
+		case i == 0 && (d == 500 || d == 990), i == 1 && d == 1010:
+			return 1
+		}
+		return 0
+	}
+	s.run(995, load)
+	s.pairs = map[[2]int]int{}
+	s.run(70, load) // to 1,065 ms: n1 flushed at 1,050 ms
+	if n := s.pairs[[2]int{0, 2}] + s.pairs[[2]int{0, 1}]; n != 0 {
+		t.Fatalf("n1 sent %d packets at the second window's start for a count of the first", n)
+	}
+	n1 := s.nodes[0]
+	k := limiter.Key{Bucket: n1.lim.Bucket("token_create"), ID: s.key}
+	if r := n1.lim.Peek(k, s.limit); r.Count != 0 {
+		t.Fatalf("n1 read %d before asking, want 0 (its own, none)", r.Count)
+	}
+	s.run(200, load)
+	if s.pairs[[2]int{0, 2}] == 0 {
+		t.Fatal("n1 read the key and did not ask its owner for the count")
+	}
+	if r := n1.lim.Peek(k, s.limit); r.Count != 1 {
+		t.Fatalf("n1 reads %d after asking, want n2's 1", r.Count)
 	}
 }

@@ -334,6 +334,7 @@ func (l *Limiter) interest(k Key, lim Limit, end int64) {
 		return
 	}
 	e.ext.noteLimit(lim.Count)
+	e.ext.readEndMS.Store(end)
 	l.shard(k).noteChanged(k, e, e.ext)
 }
 

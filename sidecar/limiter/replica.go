@@ -27,6 +27,9 @@ type replica struct {
 	changed atomic.Uint32 // 1 while on the shard's changed list
 	// probed holds the window of the last OnUnknown call: window | 1.
 	probed atomic.Uint64
+	// readEndMS is the end of the window of the last read (Peek) that found nothing of
+	// this node's own in it.
+	readEndMS atomic.Int64
 }
 
 // unknownIn reports that this node has not yet counted in e's window w of size, nor
@@ -58,6 +61,9 @@ type Snapshot struct {
 	// Cap is share mode's bound on Own in the window, when Capped.
 	Cap    uint32
 	Capped bool
+	// ReadEndMS is the end of the window in which the counter was last read (Peek)
+	// with nothing of this node's own counted in it, whichever window the rest is of.
+	ReadEndMS int64
 }
 
 func (r *replica) total(own, w uint32) uint32 {
@@ -154,6 +160,7 @@ func (e *entry) snapshot() Snapshot {
 		if c := e.ext.capFor(w); c != math.MaxUint32 {
 			snap.Cap, snap.Capped = c, true
 		}
+		snap.ReadEndMS = e.ext.readEndMS.Load()
 	}
 	return snap
 }

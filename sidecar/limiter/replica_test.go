@@ -371,3 +371,28 @@ func TestDecideBy(t *testing.T) {
 		cancel()
 	}
 }
+
+// TestPeekNotesTheWindowItRead: a read that finds nothing of this node's own in the
+// current window notes that window (the cluster asks for its count then), whatever
+// window the counter's own count is of; a read of a window it counted in notes nothing.
+func TestPeekNotesTheWindowItRead(t *testing.T) {
+	l, c := newReplicated(t, 10_500)
+	l.OnUnknown(func(Key, uint32, int64, int64) {})
+	k := Key{l.Bucket("b"), "x"}
+	lim := Limit{Count: 5, Window: time.Second}
+	l.Check(k, 1, lim)
+	if s, _ := l.Lookup(k); s.ReadEndMS != 0 {
+		t.Fatalf("a check noted a read: %+v", s)
+	}
+	c.set(11_200)
+	l.Peek(k, lim)
+	if s, _ := l.Lookup(k); s.ReadEndMS != 12_000 || s.EndMS != 11_000 || s.Own != 1 {
+		t.Fatalf("after a read of the next window: %+v, want the read noted for the window ending at 12,000 and the count of the one before", s)
+	}
+	c.set(12_100)
+	l.Check(k, 1, lim)
+	l.Peek(k, lim)
+	if s, _ := l.Lookup(k); s.ReadEndMS != 12_000 {
+		t.Fatalf("a read of a window counted in here noted it: %+v", s)
+	}
+}
