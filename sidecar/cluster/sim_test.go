@@ -70,7 +70,6 @@ type simCluster struct {
 	checks []int
 	// pairs, when set, counts the packets from node i to node j.
 	pairs map[[2]int]int
-	kinds map[string]int
 }
 
 // newSim returns n nodes at the start of a window, flushing at the given phases (ms
@@ -116,16 +115,6 @@ func (s *simCluster) send(now int64, i, j int, data []byte) {
 		return
 	}
 	s.packets++
-	if s.kinds != nil {
-		k := string(data[0])
-		if data[0] == syncBundleKind {
-			msgs, _ := decodeBundle(syncBundleKind, data)
-			for _, m := range msgs {
-				k += string(m[0])
-			}
-		}
-		s.kinds[k]++
-	}
 	if s.pairs != nil {
 		s.pairs[[2]int{i, j}]++
 	}
