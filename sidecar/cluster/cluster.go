@@ -519,21 +519,11 @@ func (c *Cluster) flush(now int64) {
 	}
 }
 
-// sendRelayed sends what a flush in owner replication has for each member: its values
-// of the keys the member owns, the member's summaries of the keys this node owns, and
-// the counts relayed to it as their keys' new owner (relay.go); in as few packets as
-// they fit (sync bundles, bundle.go) to a member that reads them.
+// sendRelayed sends what a flush in owner replication has for each member
+// (relayedPackets), in as few packets as they fit (sync bundles, bundle.go) to a member
+// that reads them.
 func (c *Cluster) sendRelayed(now int64, env shareEnv, res flushResult) {
-	byName := map[string][][]byte{}
-	for name, vs := range res.routed {
-		byName[name] = append(byName[name], pack3(now, c.origin, vs)...)
-	}
-	for name, es := range res.summaries {
-		byName[name] = append(byName[name], packSummaries(now, c.origin, env.raiseMS(), es)...)
-	}
-	for name, byOrigin := range res.relays {
-		byName[name] = append(byName[name], packRelay(now, byOrigin)...)
-	}
+	byName := relayedPackets(now, c.origin, env, res)
 	c.membersMu.Lock()
 	nodes := make(map[string]memberlist.Node, len(byName))
 	for name := range byName {

@@ -179,7 +179,7 @@ func (r *replicator) dueWaiting(env shareEnv, sending []limiter.Key) (due []limi
 func (r *replicator) takeAlong(env shareEnv, to map[string]struct{}) []limiter.Key {
 	var along []limiter.Key
 	for k, at := range r.waiting {
-		if at-env.now > min(lazySlack*env.intervalMS, (at-r.sent[k].at)/4) {
+		if !dueSoon(at, r.sent[k].at, env) {
 			continue
 		}
 		if to != nil {
@@ -191,6 +191,13 @@ func (r *replicator) takeAlong(env shareEnv, to map[string]struct{}) []limiter.K
 		delete(r.waiting, k)
 	}
 	return along
+}
+
+// dueSoon reports whether what waits since since until at is due within lazySlack
+// intervals, and within a quarter of its wait: soon enough to go with a packet that
+// goes anyway.
+func dueSoon(at, since int64, env shareEnv) bool {
+	return at-env.now <= min(lazySlack*env.intervalMS, (at-since)/4)
 }
 
 // pace keeps, of the values whose wait is over (due), those whose owner gets a packet

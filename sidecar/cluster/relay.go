@@ -307,6 +307,24 @@ func decodeRelay(b []byte) ([]message, error) {
 	return msgs, err
 }
 
+// relayedPackets is what a flush in owner replication sends each member, by name: its
+// values of the keys the member owns, the member's summaries of the keys this node
+// owns, and the counts relayed to it as their keys' new owner; each kind in as few
+// messages as it fits, to be bundled for a member that reads sync bundles (bundle.go).
+func relayedPackets(now int64, origin string, env shareEnv, res flushResult) map[string][][]byte {
+	byName := map[string][][]byte{}
+	for name, vs := range res.routed {
+		byName[name] = append(byName[name], pack3(now, origin, vs)...)
+	}
+	for name, es := range res.summaries {
+		byName[name] = append(byName[name], packSummaries(now, origin, env.raiseMS(), es)...)
+	}
+	for name, byOrigin := range res.relays {
+		byName[name] = append(byName[name], packRelay(now, byOrigin)...)
+	}
+	return byName
+}
+
 // paceMS is, in owner replication, the shortest time between two packets to one member
 // that carry only values or summaries that waited (lazy.go). Such values come due at
 // every moment; sent as they come due, with those due within lazySlack intervals, each
@@ -438,10 +456,9 @@ func (r *replicator) choose(cands []candidate, env shareEnv, along map[string]st
 	var out map[string][]summaryEntry
 	for _, c := range cands {
 		_, withValues := along[c.to]
-		// A member that gets values and no summary: the entries due within lazySlack
-		// intervals (a quarter of their wait at most) go with them, as waiting values
-		// go with a packet to their owner (lazy.go, takeAlong).
-		soon := withValues && c.due-env.now <= min(lazySlack*env.intervalMS, (c.due-c.since)/4)
+		// A member that gets values and no summary: the entries due soon go with them,
+		// as waiting values go with a packet to their owner (lazy.go, takeAlong).
+		soon := withValues && dueSoon(c.due, c.since, env)
 		if !sending[c.to] && !soon {
 			due := c.due
 			if c.must {

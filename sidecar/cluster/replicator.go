@@ -144,9 +144,12 @@ func (r *replicator) flush(env shareEnv) flushResult {
 		res.summaries = r.summarize(owned, env, to)
 		// A member that gets a summary and no values: its waiting values due soon go
 		// along, in the same packet.
-		extra := map[string]struct{}{}
+		var extra map[string]struct{}
 		for m := range res.summaries {
 			if _, ok := to[m]; !ok {
+				if extra == nil {
+					extra = map[string]struct{}{}
+				}
 				extra[m] = struct{}{}
 			}
 		}

@@ -295,17 +295,7 @@ func (s *simCluster) run(ms int64, load func(now int64, i int) int) {
 			s.values += len(res.values)
 			if env.relay {
 				// What goes to one member, in as few packets as it fits (Cluster.sendRelayed).
-				byTo := map[string][][]byte{}
-				for to, vs := range res.routed {
-					byTo[to] = append(byTo[to], pack3(now, n.rep.origin, vs)...)
-				}
-				for to, es := range res.summaries {
-					byTo[to] = append(byTo[to], packSummaries(now, n.rep.origin, env.raiseMS(), es)...)
-				}
-				for to, byOrigin := range res.relays {
-					byTo[to] = append(byTo[to], packRelay(now, byOrigin)...)
-				}
-				for to, msgs := range byTo {
+				for to, msgs := range relayedPackets(now, n.rep.origin, env, res) {
 					for _, b := range packBundles(syncBundleKind, msgs) {
 						s.send(now, i, s.index(to), b)
 					}
