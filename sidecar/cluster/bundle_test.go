@@ -91,6 +91,53 @@ func TestSyncBundleMessages(t *testing.T) {
 	}
 }
 
+// TestSyncBundleHostileInput: a node handed sync bundles cut short, nested, holding
+// what a sync bundle may not, or holding a malformed message counts each as malformed
+// and merges nothing of the bad ones; the good messages of a bundle still merge.
+func TestSyncBundleHostileInput(t *testing.T) {
+	a := startGrantNode(t, "a", false)
+	v := value{bucket: "password_reset_ip", id: "198.51.100.9", sizeMS: minute, endMS: windowEnd(a.nowMS(), minute), count: 4, share: true, limit: 1000}
+	values := pack3(a.nowMS(), "x#0001", []value{v})[0]
+	sum := packSummaries(a.nowMS(), "x#0001", 300, []summaryEntry{{bucket: v.bucket, id: v.id, sizeMS: v.sizeMS, endMS: v.endMS, others: 3}})[0]
+	good := encodeBundle(syncBundleKind, [][]byte{values, sum})
+	ask := encodeAsk(grantRequest{sentAt: a.nowMS(), origin: "x#0001", id: 7, want: 3, waitMS: 10, v: v})
+	var bad [][]byte
+	for i := 1; i < len(good); i++ {
+		bad = append(bad, good[:i])
+	}
+	many := make([][]byte, maxBundled+1)
+	for i := range many {
+		many[i] = values
+	}
+	bad = append(bad,
+		encodeBundle(syncBundleKind, [][]byte{values, good}),
+		encodeBundle(syncBundleKind, [][]byte{values, ask}),
+		encodeBundle(syncBundleKind, many),
+		append(binary.AppendUvarint([]byte{syncBundleKind}, 2), binary.AppendUvarint(nil, 1<<40)...),
+		append(slices.Clone(good), 0),
+	)
+	before := counter(t, a.m.malformed)
+	for _, b := range bad {
+		a.receiveMsg(b)
+	}
+	if got := counter(t, a.m.malformed) - before; got != float64(len(bad)) {
+		t.Errorf("%g of %d bad sync bundles counted malformed", got, len(bad))
+	}
+	if d := a.Debug(v.bucket, v.id); d.Remote != 0 {
+		t.Fatalf("a bad sync bundle merged: %+v", d)
+	}
+	// A bundle that holds a good value and a summary cut short: the value merges, the
+	// summary is malformed.
+	before = counter(t, a.m.malformed)
+	a.receiveMsg(encodeBundle(syncBundleKind, [][]byte{values, sum[:len(sum)-1]}))
+	if got := counter(t, a.m.malformed) - before; got != 1 {
+		t.Errorf("a summary cut short in a bundle: %g malformed, want 1", got)
+	}
+	if d := a.Debug(v.bucket, v.id); d.Remote != 4 {
+		t.Errorf("the good value of the bundle: remote %d, want 4", d.Remote)
+	}
+}
+
 func TestPackBundlesKeepsPacketsSmall(t *testing.T) {
 	var msgs [][]byte
 	for i := range 300 {
